@@ -1,0 +1,234 @@
+"""The `nbqueue` command: worker, stats, jobs, requeue, cancel, purge; thin over Queue."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import NbqueueError
+from .jobs import State
+from .queue import Queue
+
+COMMANDS = {
+    "worker": "run jobs until SIGINT/SIGTERM (the running job finishes or is released)",
+    "stats": "count the jobs in each state",
+    "jobs": "list jobs, newest first",
+    "requeue": "give dead or cancelled jobs a fresh start",
+    "cancel": "cancel jobs that have not finished",
+    "purge": "delete finished jobs, for example completed ones older than 7 days",
+}
+
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration(text: str) -> float:
+    """'90', '90s', '15m', '12h', '7d', '2w' or '1d12h' as seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([smhdw]?)", text.strip().lower())
+    if not parts or re.sub(r"(\d+(?:\.\d+)?)\s*([smhdw]?)", "", text.strip().lower()).strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 15m, 12h or 7d")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one name")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser (also read by the README test)."""
+    top = argparse.ArgumentParser(
+        prog="nbqueue", description="A durable job queue in one SQLite file (or PostgreSQL)."
+    )
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    cmd = {name: sub.add_parser(name, help=text, description=text) for name, text in COMMANDS.items()}
+    for p in cmd.values():
+        p.add_argument("database", help="the queue: a SQLite file path or a postgresql:// URL")
+    w = cmd["worker"]
+    w.add_argument(
+        "--import",
+        "-i",
+        dest="imports",
+        action="append",
+        default=[],
+        type=_names,
+        metavar="MODULE",
+        help="module(s) defining tasks; repeat or comma-separate",
+    )
+    w.add_argument("--concurrency", "-c", type=int, default=1, help="jobs at once (default 1)")
+    w.add_argument("--queues", "-q", type=_names, default=None, help="comma-separated queue names")
+    w.add_argument("--lease", type=duration, default=60.0, help="claim lease (default 60s)")
+    w.add_argument(
+        "--grace",
+        type=duration,
+        default=30.0,
+        help="on stop, how long the running job may finish before it is released",
+    )
+    w.add_argument(
+        "--allow-code",
+        action="store_true",
+        help="also run notebook code jobs (%%%%enqueue cells): only for trusted queues",
+    )
+    w.add_argument("--verbose", "-v", action="store_true", help="log each job")
+    j = cmd["jobs"]
+    j.add_argument("--status", "-s", choices=[s.value for s in State], help="only this state")
+    j.add_argument("--queue", "-q", help="only this queue")
+    j.add_argument("--limit", "-n", type=int, default=50, help="how many (default 50)")
+    for name in ("stats", "jobs"):
+        cmd[name].add_argument("--json", action="store_true", help="print JSON")
+    r = cmd["requeue"]
+    r.add_argument("ids", nargs="*", type=int, help="job ids")
+    r.add_argument("--all-dead", action="store_true", help="every dead job")
+    cmd["cancel"].add_argument("ids", nargs="+", type=int, help="job ids")
+    pu = cmd["purge"]
+    pu.add_argument(
+        "--status",
+        "-s",
+        action="append",
+        choices=["completed", "dead", "cancelled"],
+        help="state to purge (repeatable; default completed)",
+    )
+    pu.add_argument("--older-than", type=duration, default=None, help="age, like 7d or 12h")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    top = parser()
+    args = top.parse_args(argv)
+    if args.command == "requeue" and bool(args.ids) == bool(args.all_dead):
+        top.error("requeue takes job ids or --all-dead (one of the two)")
+    if args.command == "worker" and args.concurrency < 1:
+        top.error("--concurrency must be at least 1")
+    if args.command == "jobs" and args.limit < 0:
+        top.error("--limit must be 0 or more")
+    try:
+        with Queue(args.database) as queue:
+            return int(_COMMANDS[args.command](queue, args) or 0)
+    except NbqueueError as exc:
+        print(f"nbqueue: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _worker(queue: Queue, args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    sys.path.insert(0, os.getcwd())  # `--import mypkg.tasks` from the project folder
+    for module in (m for group in args.imports for m in group):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            print(f"nbqueue: error: cannot import {module}: {exc}", file=sys.stderr)
+            return 2
+    from . import tasks as registry  # noqa: PLC0415
+
+    allow = [n for n in registry.names() if registry.lookup(n).opt_in] if args.allow_code else []
+    worker = queue.worker(queues=args.queues, concurrency=args.concurrency, lease=args.lease, allow=allow)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    worker.start()
+    print(
+        f"nbqueue worker {worker.worker_id} on {args.database}: "
+        f"{len(registry.names())} task(s), concurrency {args.concurrency}; Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
+    while not stop.wait(0.5):
+        if not worker.running:
+            return 1
+    print("nbqueue worker stopping...", file=sys.stderr, flush=True)
+    worker.stop(timeout=args.grace)
+    status = worker.status()
+    print(
+        f"nbqueue worker stopped: {status['completed']} completed, {status['failed']} failed", file=sys.stderr
+    )
+    return 0
+
+
+def _stats(queue: Queue, args: argparse.Namespace) -> int:
+    counts = queue.counts()
+    if args.json:
+        print(json.dumps(counts))
+    else:
+        width = max(len(s) for s in counts)
+        for state, n in counts.items():
+            print(f"{state:<{width}}  {n}")
+        print(f"{'total':<{width}}  {sum(counts.values())}")
+    return 0
+
+
+def _jobs(queue: Queue, args: argparse.Namespace) -> int:
+    jobs = queue.jobs(status=args.status, queue=args.queue, limit=args.limit)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": j.id,
+                        "status": j.status.value,
+                        "queue": j.queue,
+                        "task": j.task,
+                        "retries": j.retries,
+                        "max_retries": j.max_retries,
+                        "run_at": j.run_at.isoformat(),
+                        "error": j.error,
+                    }
+                    for j in jobs
+                ]
+            )
+        )
+        return 0
+    print(f"{'id':>6}  {'status':<9}  {'queue':<10}  {'task':<24}  {'tries':>5}  {'run at (UTC)':<19}  error")
+    for j in jobs:
+        error = (j.error or "").strip().splitlines()[-1:] or [""]
+        print(
+            f"{j.id:>6}  {j.status.value:<9}  {j.queue[:10]:<10}  {(j.task or '(payload)')[:24]:<24}  "
+            f"{j.retries:>2}/{j.max_retries:<2}  {j.run_at:%Y-%m-%d %H:%M:%S}  {error[0][:60]}"
+        )
+    return 0
+
+
+def _requeue(queue: Queue, args: argparse.Namespace) -> int:
+    n = queue.requeue(None if args.all_dead else args.ids)
+    print(f"requeued {n} job(s)")
+    return 0
+
+
+def _cancel(queue: Queue, args: argparse.Namespace) -> int:
+    for job_id in args.ids:
+        queue.cancel(job_id)
+    print(f"cancelled {len(args.ids)} job(s)")
+    return 0
+
+
+def _purge(queue: Queue, args: argparse.Namespace) -> int:
+    n = queue.purge(status=args.status or ["completed"], older_than=args.older_than)
+    print(f"purged {n} job(s)")
+    return 0
+
+
+_COMMANDS = {
+    "worker": _worker,
+    "stats": _stats,
+    "jobs": _jobs,
+    "requeue": _requeue,
+    "cancel": _cancel,
+    "purge": _purge,
+}

@@ -1,0 +1,67 @@
+"""Every error nbqueue raises; one root, `NbqueueError`, so callers can catch them all."""
+
+from __future__ import annotations
+
+
+class NbqueueError(Exception):
+    """Something went wrong in nbqueue."""
+
+
+class InvalidArgument(NbqueueError, ValueError):
+    """An argument given to nbqueue is not valid; the message names it."""
+
+
+class PayloadError(InvalidArgument):
+    """A payload, argument or result is not JSON; the message names the field."""
+
+
+class JobNotFound(NbqueueError, LookupError):
+    """No job has that id."""
+
+
+class TaskNotFound(NbqueueError, LookupError):
+    """No task is registered under that name in this process."""
+
+
+class InvalidTransition(NbqueueError):
+    """The job's state machine does not allow that change of state."""
+
+
+class LeaseLost(NbqueueError):
+    """The claim on this job has expired or was taken over; nothing was changed."""
+
+
+class JobFailed(NbqueueError):
+    """The job ended dead or cancelled instead of completing."""
+
+    def __init__(self, message: str, job: object = None) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+class WaitTimeout(NbqueueError, TimeoutError):
+    """Waiting for a job or a worker took longer than the timeout."""
+
+
+class StorageError(NbqueueError):
+    """The storage under the queue failed; the message says how."""
+
+
+class NotAQueueDatabase(StorageError):
+    """The file is not an nbqueue database (or is corrupt)."""
+
+
+class SchemaTooNew(StorageError):
+    """The database was written by a newer nbqueue; upgrade nbqueue to open it."""
+
+
+class ReadOnlyDatabase(StorageError):
+    """The database cannot be written (read-only file or folder)."""
+
+
+class DatabaseFull(StorageError):
+    """The database or the disk under it is full; nothing was written."""
+
+
+class MissingDependency(NbqueueError, ImportError):
+    """An optional dependency is missing; the message gives the pip command."""

@@ -1,0 +1,64 @@
+"""JSON in and out of the queue: never pickle, and a refusal names the field."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .errors import PayloadError
+
+MAX_BYTES = 16 * 1024 * 1024  # a queue row, not a blob store: pass big data by path or URL
+
+
+def dumps(value: Any, field: str) -> str:
+    """Serialise `value` as JSON text, or raise PayloadError naming the offending part."""
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        raise PayloadError(_explain(value, field)) from None
+    bad = _find_bad(value, field)  # json.dumps accepts a few things it cannot give back
+    if bad:
+        raise PayloadError(bad)
+    if len(text) > MAX_BYTES:
+        raise PayloadError(
+            f"{field} is {len(text):,} bytes of JSON, over the {MAX_BYTES:,}-byte limit; "
+            "store large data in a file and pass its path"
+        )
+    return text
+
+
+def _explain(value: Any, field: str) -> str:
+    return _find_bad(value, field) or f"{field} cannot be stored as JSON"
+
+
+def _find_bad(value: Any, path: str, depth: int = 0) -> str | None:
+    """Describe the first part of `value` that JSON cannot hold faithfully, or None."""
+    if depth > 200:
+        return f"{path} is nested too deeply (or refers to itself) to be stored as JSON"
+    if value is None or isinstance(value, bool | str | int):
+        return None
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return f"{path} is {value}, which JSON cannot hold"
+        return None
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _find_bad(item, f"{path}[{i}]", depth + 1)
+            if found:
+                return found
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return (
+                    f"{path} has a key {key!r} of type {type(key).__name__}; JSON object keys must be strings"
+                )
+            found = _find_bad(item, f"{path}[{key!r}]", depth + 1)
+            if found:
+                return found
+        return None
+    return (
+        f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which is not JSON "
+        "(use str, int, float, bool, None, list or dict)"
+    )

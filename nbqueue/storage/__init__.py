@@ -1,0 +1,151 @@
+"""The Storage protocol: the queue verbs every backend speaks, and `open_storage()`.
+
+Storage executes atomic state changes; it decides nothing. Whether a failure
+becomes a retry or a dead letter is decided in `nbqueue.queue`, so both
+backends behave the same. Times are integer microseconds since the epoch;
+delays are passed as durations so a backend may use its own server's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..errors import InvalidArgument
+from ..jobs import Job, State
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated job ready to be written: payload and backoff already JSON text."""
+
+    queue: str
+    task: str | None
+    payload: str
+    priority: int
+    key: str | None
+    max_retries: int
+    delay_us: int  # run_at = now + delay_us
+    timeout: float | None
+    backoff: str
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Which jobs a claim may take: queues (None = all) and tasks (None = all)."""
+
+    queues: tuple[str, ...] | None = None
+    tasks: tuple[str, ...] | None = None
+
+
+class Storage(Protocol):
+    """What a backend must do. Every method is atomic and safe from many threads."""
+
+    def insert(self, jobs: Sequence[NewJob], now: int) -> list[tuple[int, bool]]:
+        """Write jobs in one transaction; (id, created) each. A held key returns its job."""
+        ...
+
+    def claim(self, where: Filter, worker_id: str, lease_us: int, now: int) -> Job | None:
+        """Atomically take the best due job: highest priority, then earliest run_at, then id."""
+        ...
+
+    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int) -> int | None:
+        """Extend a live lease (None = by the claim's lease); the new end, or None if lost."""
+        ...
+
+    def complete(self, job_id: int, attempt: int, result: str, output: str | None, now: int) -> bool:
+        """Running -> completed under a live lease; False if the lease was lost."""
+        ...
+
+    def fail(
+        self,
+        job_id: int,
+        attempt: int,
+        error: str,
+        output: str | None,
+        status: State,
+        delay_us: int,
+        now: int,
+        expired: bool = False,
+    ) -> bool:
+        """Running -> failed (due after delay_us) or dead, under the lease.
+
+        With `expired`, the lease must have run out instead (recovery).
+        """
+        ...
+
+    def release(self, job_id: int, attempt: int, now: int) -> bool:
+        """Running -> pending without counting a retry (graceful shutdown)."""
+        ...
+
+    def transition(
+        self, ids: Iterable[int] | None, sources: Sequence[State], target: State, now: int
+    ) -> list[int]:
+        """Move jobs (None = every job in `sources`) to target; cancel and requeue."""
+        ...
+
+    def get(self, job_id: int) -> Job | None:
+        """One job, or None."""
+        ...
+
+    def get_many(self, job_ids: Sequence[int]) -> list[Job]:
+        """The jobs among those ids that exist, in any order."""
+        ...
+
+    def expired(self, now: int, limit: int) -> list[Job]:
+        """Running jobs whose lease ended before now."""
+        ...
+
+    def delete(self, ids: Iterable[int], statuses: Sequence[State]) -> int:
+        """Delete those jobs among ids that are in one of `statuses`."""
+        ...
+
+    def purge(self, statuses: Sequence[State], before: int) -> int:
+        """Delete jobs in `statuses` last updated before `before`."""
+        ...
+
+    def counts(self, queue: str | None = None) -> dict[str, int]:
+        """Jobs per state (without scanning the table)."""
+        ...
+
+    def rows(
+        self, status: Sequence[State] | None, queue: str | None, limit: int, offset: int = 0
+    ) -> list[Job]:
+        """A page of jobs, newest first."""
+        ...
+
+    def queues(self) -> list[str]:
+        """The names of the queues that hold jobs."""
+        ...
+
+    def next_due(self, where: Filter) -> int | None:
+        """The earliest run_at of a claimable job (for the worker's sleep)."""
+        ...
+
+    def now(self) -> int | None:
+        """The storage's own clock if it has one (a server), else None."""
+        ...
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Block until another writer may have committed, or timeout seconds pass."""
+        ...
+
+    def notify(self) -> None:
+        """Wake waiters in this process (after a commit that made work)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def open_storage(target: str, *, synchronous: str = "normal") -> Storage:
+    """Open the storage a path or URL names: a SQLite file, or postgresql://."""
+    if not isinstance(target, str) or not target:
+        raise InvalidArgument(f"a queue needs a file path or a postgresql:// URL, not {target!r}")
+    if target.startswith(("postgresql://", "postgres://")):
+        raise InvalidArgument("this nbqueue version stores queues in SQLite files only")
+    from .sqlite import SQLiteStorage  # noqa: PLC0415
+
+    return SQLiteStorage(target, synchronous=synchronous)

@@ -1,0 +1,606 @@
+"""SQLite storage: one file in WAL mode, one connection per thread, BEGIN IMMEDIATE writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..clock import from_us
+from ..errors import (
+    DatabaseFull,
+    InvalidArgument,
+    InvalidTransition,
+    NbqueueError,
+    NotAQueueDatabase,
+    ReadOnlyDatabase,
+    SchemaTooNew,
+    StorageError,
+)
+from ..jobs import Job, State
+from . import Filter, NewJob
+
+APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 10_000
+LOCKED_RETRY_SECONDS = 120.0  # beyond busy_timeout: contention is waited out, never surfaced
+
+COLUMNS = (
+    "id, status, queue, task, payload, priority, key, retries, max_retries, attempts, error, "
+    "run_at, created_at, updated_at, started_at, finished_at, lease_until, worker_id, timeout, "
+    "output, backoff, result"
+)
+_STATES = tuple(s.value for s in State)
+_CLAIMABLE_SQL = "status IN ('pending', 'failed')"  # must match the partial indexes verbatim
+
+MIGRATIONS: dict[int, str] = {
+    1: f"""
+    CREATE TABLE nbqueue_jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        status TEXT NOT NULL CHECK (status IN {_STATES!r}),
+        queue TEXT NOT NULL,
+        task TEXT,
+        payload TEXT NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0,
+        key TEXT,
+        retries INTEGER NOT NULL DEFAULT 0,
+        max_retries INTEGER NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        run_at INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        started_at INTEGER,
+        finished_at INTEGER,
+        lease_until INTEGER,
+        lease_us INTEGER,
+        worker_id TEXT,
+        timeout REAL,
+        output TEXT,
+        backoff TEXT,
+        result TEXT
+    );
+    CREATE INDEX nbqueue_claim_queue ON nbqueue_jobs (queue, priority DESC, run_at, id)
+        WHERE {_CLAIMABLE_SQL};
+    CREATE INDEX nbqueue_claim_any ON nbqueue_jobs (priority DESC, run_at, id)
+        WHERE {_CLAIMABLE_SQL};
+    CREATE INDEX nbqueue_due ON nbqueue_jobs (run_at) WHERE {_CLAIMABLE_SQL};
+    CREATE UNIQUE INDEX nbqueue_key ON nbqueue_jobs (key)
+        WHERE key IS NOT NULL AND status IN ('pending', 'failed', 'running');
+    CREATE INDEX nbqueue_lease ON nbqueue_jobs (lease_until) WHERE status = 'running';
+    CREATE INDEX nbqueue_status ON nbqueue_jobs (status, id);
+    -- Counts per (queue, status), kept by triggers so the board never scans the table.
+    CREATE TABLE nbqueue_counts (
+        queue TEXT NOT NULL, status TEXT NOT NULL, n INTEGER NOT NULL,
+        PRIMARY KEY (queue, status)
+    ) WITHOUT ROWID;
+    CREATE TRIGGER nbqueue_count_insert AFTER INSERT ON nbqueue_jobs BEGIN
+        INSERT INTO nbqueue_counts VALUES (new.queue, new.status, 1)
+            ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
+    END;
+    CREATE TRIGGER nbqueue_count_delete AFTER DELETE ON nbqueue_jobs BEGIN
+        UPDATE nbqueue_counts SET n = n - 1 WHERE queue = old.queue AND status = old.status;
+    END;
+    CREATE TRIGGER nbqueue_count_update AFTER UPDATE OF status ON nbqueue_jobs
+        WHEN old.status != new.status BEGIN
+        UPDATE nbqueue_counts SET n = n - 1 WHERE queue = old.queue AND status = old.status;
+        INSERT INTO nbqueue_counts VALUES (new.queue, new.status, 1)
+            ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
+    END;
+    """,
+}
+
+T = TypeVar("T")
+
+# In-process wake-ups, shared by every SQLiteStorage on the same file.
+_signals: dict[str, threading.Condition] = {}
+_signals_lock = threading.Lock()
+
+
+def _translate(exc: sqlite3.Error, path: str) -> NbqueueError:
+    """Turn a raw sqlite3 error into the nbqueue error that says what to do."""
+    text = str(exc).lower()
+    if "unique constraint failed: nbqueue_jobs.key" in text:
+        return InvalidTransition("another unfinished job already holds that key")
+    if "readonly" in text or "read-only" in text or "unable to open" in text:
+        return ReadOnlyDatabase(f"{path}: the queue database cannot be written ({exc})")
+    if "full" in text:
+        return DatabaseFull(f"{path}: the database or disk is full; nothing was written ({exc})")
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return NotAQueueDatabase(f"{path}: not a readable nbqueue database ({exc})")
+    return StorageError(f"{path}: {exc}")
+
+
+def _is_locked(exc: sqlite3.Error) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
+class SQLiteStorage:
+    """Jobs in one SQLite file; safe from many threads and processes."""
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "normal") -> None:
+        path = os.fspath(path)
+        if path == ":memory:" or path.startswith("file::memory:"):
+            raise InvalidArgument(
+                "an in-memory SQLite database cannot be shared by the worker threads; "
+                "give a file path (a temporary one is fine)"
+            )
+        if synchronous not in ("normal", "full"):
+            raise InvalidArgument(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
+        self.path = str(Path(path).expanduser().resolve())
+        self.synchronous = synchronous
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        self._closed = False
+        with _signals_lock:
+            self._signal = _signals.setdefault(self.path, threading.Condition())
+        self._create_file()
+        self._migrate()
+
+    # -- connections -----------------------------------------------------------
+
+    def _create_file(self) -> None:
+        if os.path.exists(self.path):
+            return
+        parent = os.path.dirname(self.path)
+        if not os.path.isdir(parent):
+            raise InvalidArgument(f"cannot create the queue {self.path}: no folder {parent}")
+        try:  # owner-only: payloads may hold private data
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        except PermissionError as exc:
+            raise ReadOnlyDatabase(f"cannot create the queue database {self.path}: {exc}") from exc
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise StorageError(f"{self.path}: the queue is closed")
+            try:
+                conn = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+                )
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+            except sqlite3.Error as exc:
+                raise _translate(exc, self.path) from exc
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
+
+    def _retrying(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `work`, waiting out lock contention so 'database is locked' never escapes."""
+        deadline = time.monotonic() + LOCKED_RETRY_SECONDS
+        pause = 0.001
+        while True:
+            try:
+                return work(self._conn())
+            except sqlite3.Error as exc:
+                if _is_locked(exc) and time.monotonic() < deadline:
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
+                    continue
+                raise _translate(exc, self.path) from exc
+
+    @contextmanager
+    def _immediate(self, conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        """A write transaction that takes the write lock up front, so it never deadlocks."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        def run(conn: sqlite3.Connection) -> T:
+            with self._immediate(conn):
+                return work(conn)
+
+        return self._retrying(run)
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return self._retrying(lambda conn: conn.execute(sql, params).fetchall())
+
+    # -- schema ----------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        def check(conn: sqlite3.Connection) -> int:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if app_id == 0 and version == 0:
+                tables = conn.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+                ).fetchone()[0]
+                if tables:
+                    raise NotAQueueDatabase(
+                        f"{self.path} is a SQLite database of something else, not an nbqueue queue"
+                    )
+                return 0
+            if app_id != APPLICATION_ID:
+                raise NotAQueueDatabase(f"{self.path} is not an nbqueue database")
+            if version > SCHEMA_VERSION:
+                raise SchemaTooNew(
+                    f"{self.path} has schema version {version}, newer than this nbqueue "
+                    f"understands ({SCHEMA_VERSION}); upgrade nbqueue (pip install -U nbqueue)"
+                )
+            return int(version)
+
+        if self._retrying(check) < SCHEMA_VERSION:
+            self._write(self._apply_migrations)
+        try:
+            self._conn().execute("PRAGMA journal_mode = WAL")
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    def _apply_migrations(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]  # re-read under the lock
+        for target in sorted(v for v in MIGRATIONS if v > version):
+            for statement in _split_sql(MIGRATIONS[target]):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {target}")
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+    # -- verbs -----------------------------------------------------------------
+
+    def insert(self, jobs: Sequence[NewJob], now: int) -> list[tuple[int, bool]]:
+        rows = [
+            (
+                j.queue,
+                j.task,
+                j.payload,
+                j.priority,
+                j.key,
+                j.max_retries,
+                now + j.delay_us,
+                now,
+                now,
+                j.timeout,
+                j.backoff,
+            )
+            for j in jobs
+        ]
+        insert_sql = (
+            "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, "
+            "run_at, created_at, updated_at, timeout, backoff) "
+            "VALUES ('pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+
+        def work(conn: sqlite3.Connection) -> list[tuple[int, bool]]:
+            if len(rows) > 1 and all(j.key is None for j in jobs):
+                conn.executemany(insert_sql, rows)
+                last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+                return [(i, True) for i in range(last - len(rows) + 1, last + 1)]
+            out = []
+            for job, row in zip(jobs, rows, strict=True):
+                if job.key is not None:
+                    held = conn.execute(
+                        "SELECT id FROM nbqueue_jobs WHERE key = ? AND status IN "
+                        "('pending', 'failed', 'running')",
+                        (job.key,),
+                    ).fetchone()
+                    if held:
+                        out.append((held[0], False))
+                        continue
+                out.append((conn.execute(insert_sql, row).lastrowid or 0, True))
+            return out
+
+        ids = self._write(work)
+        self.notify()
+        return ids
+
+    def claim(self, where: Filter, worker_id: str, lease_us: int, now: int) -> Job | None:
+        task_sql, task_params = _in("task", where.tasks)
+        if where.queues is None:
+            pick = (
+                f"SELECT id FROM nbqueue_jobs INDEXED BY nbqueue_claim_any WHERE {_CLAIMABLE_SQL} "
+                f"AND run_at <= ?{task_sql} ORDER BY priority DESC, run_at, id LIMIT 1"
+            )
+            params: list[Any] = [now, *task_params]
+        else:
+            # One index seek per queue, then the best of those few candidates.
+            branch = (
+                f"SELECT * FROM (SELECT id, priority, run_at FROM nbqueue_jobs "
+                f"INDEXED BY nbqueue_claim_queue WHERE {_CLAIMABLE_SQL} AND queue = ? "
+                f"AND run_at <= ?{task_sql} ORDER BY priority DESC, run_at, id LIMIT 1)"
+            )
+            pick = (
+                "SELECT id FROM (" + " UNION ALL ".join([branch] * len(where.queues)) + ") "
+                "ORDER BY priority DESC, run_at, id LIMIT 1"
+            )
+            params = [p for q in where.queues for p in (q, now, *task_params)]
+        sql = (
+            "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = ?, "
+            "lease_until = ?, lease_us = ?, started_at = ?, updated_at = ? "
+            f"WHERE id = ({pick}) RETURNING {COLUMNS}"
+        )
+        row = self._write(
+            lambda conn: conn.execute(
+                sql, (worker_id, now + lease_us, lease_us, now, now, *params)
+            ).fetchone()
+        )
+        return None if row is None else _job(row)
+
+    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int) -> int | None:
+        row = self._write(
+            lambda conn: conn.execute(
+                "UPDATE nbqueue_jobs SET lease_until = ? + coalesce(?, lease_us), updated_at = ? "
+                "WHERE id = ? AND status = 'running' AND attempts = ? AND lease_until > ? "
+                "RETURNING lease_until",
+                (now, lease_us, now, job_id, attempt, now),
+            ).fetchone()
+        )
+        return None if row is None else int(row[0])
+
+    def complete(self, job_id: int, attempt: int, result: str, output: str | None, now: int) -> bool:
+        return self._write(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE nbqueue_jobs SET status = 'completed', result = ?, output = ?, "
+                    "finished_at = ?, updated_at = ?, lease_until = NULL WHERE id = ? "
+                    "AND status = 'running' AND attempts = ? AND lease_until > ?",
+                    (result, output, now, now, job_id, attempt, now),
+                ).rowcount
+                == 1
+            )
+        )
+
+    def fail(
+        self,
+        job_id: int,
+        attempt: int,
+        error: str,
+        output: str | None,
+        status: State,
+        delay_us: int,
+        now: int,
+        expired: bool = False,
+    ) -> bool:
+        lease_test = "lease_until <= ?" if expired else "lease_until > ?"
+        finished = now if status is State.DEAD else None
+        changed = self._write(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE nbqueue_jobs SET status = ?, error = ?, output = ?, retries = retries + 1, "
+                    "run_at = CASE WHEN ? = 'failed' THEN ? ELSE run_at END, finished_at = ?, "
+                    "updated_at = ?, lease_until = NULL WHERE id = ? AND status = 'running' "
+                    f"AND attempts = ? AND {lease_test}",
+                    (
+                        status.value,
+                        error,
+                        output,
+                        status.value,
+                        now + delay_us,
+                        finished,
+                        now,
+                        job_id,
+                        attempt,
+                        now,
+                    ),
+                ).rowcount
+                == 1
+            )
+        )
+        if changed and status is State.FAILED:
+            self.notify()
+        return changed
+
+    def release(self, job_id: int, attempt: int, now: int) -> bool:
+        changed = self._write(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, "
+                    "updated_at = ? WHERE id = ? AND status = 'running' AND attempts = ?",
+                    (now, job_id, attempt),
+                ).rowcount
+                == 1
+            )
+        )
+        if changed:
+            self.notify()
+        return changed
+
+    def transition(
+        self, ids: Iterable[int] | None, sources: Sequence[State], target: State, now: int
+    ) -> list[int]:
+        src_sql, src_params = _in("status", tuple(s.value for s in sources))
+        if target is State.PENDING:  # requeue: a fresh start, the last error kept
+            sets = "retries = 0, run_at = ?, lease_until = NULL, worker_id = NULL, finished_at = NULL"
+            set_params: list[Any] = [now]
+        else:
+            sets = "lease_until = NULL, finished_at = ?"
+            set_params = [now]
+        sql = f"UPDATE nbqueue_jobs SET status = ?, updated_at = ?, {sets} WHERE 1{src_sql}"
+        if ids is None:
+            changed = self._write(
+                lambda conn: [
+                    r[0]
+                    for r in conn.execute(
+                        sql + " RETURNING id", (target.value, now, *set_params, *src_params)
+                    )
+                ]
+            )
+        else:
+            id_list = list(ids)
+
+            def work(conn: sqlite3.Connection) -> list[int]:
+                done = []
+                for job_id in id_list:
+                    row = conn.execute(
+                        sql + " AND id = ? RETURNING id",
+                        (target.value, now, *set_params, *src_params, job_id),
+                    ).fetchone()
+                    if row:
+                        done.append(row[0])
+                return done
+
+            changed = self._write(work)
+        if changed and target is State.PENDING:
+            self.notify()
+        return sorted(changed)
+
+    def get(self, job_id: int) -> Job | None:
+        rows = self._read(f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE id = ?", (job_id,))
+        return _job(rows[0]) if rows else None
+
+    def get_many(self, job_ids: Sequence[int]) -> list[Job]:
+        out: list[Job] = []
+        for start in range(0, len(job_ids), 500):
+            chunk = job_ids[start : start + 500]
+            sql = f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE id IN ({', '.join('?' * len(chunk))})"
+            out.extend(_job(r) for r in self._read(sql, chunk))
+        return out
+
+    def expired(self, now: int, limit: int) -> list[Job]:
+        rows = self._read(
+            f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE status = 'running' AND lease_until <= ? "
+            "ORDER BY lease_until LIMIT ?",
+            (now, limit),
+        )
+        return [_job(r) for r in rows]
+
+    def delete(self, ids: Iterable[int], statuses: Sequence[State]) -> int:
+        src_sql, src_params = _in("status", tuple(s.value for s in statuses))
+        id_list = list(ids)
+        return self._write(
+            lambda conn: sum(
+                conn.execute(f"DELETE FROM nbqueue_jobs WHERE id = ?{src_sql}", (i, *src_params)).rowcount
+                for i in id_list
+            )
+        )
+
+    def purge(self, statuses: Sequence[State], before: int) -> int:
+        src_sql, src_params = _in("status", tuple(s.value for s in statuses))
+        return self._write(
+            lambda conn: (
+                conn.execute(
+                    f"DELETE FROM nbqueue_jobs WHERE updated_at < ?{src_sql}", (before, *src_params)
+                ).rowcount
+            )
+        )
+
+    def counts(self, queue: str | None = None) -> dict[str, int]:
+        if queue is None:
+            rows = self._read("SELECT status, sum(n) FROM nbqueue_counts GROUP BY status")
+        else:
+            rows = self._read("SELECT status, n FROM nbqueue_counts WHERE queue = ?", (queue,))
+        found = {status: int(n) for status, n in rows}
+        return {s.value: found.get(s.value, 0) for s in State}
+
+    def rows(
+        self, status: Sequence[State] | None, queue: str | None, limit: int, offset: int = 0
+    ) -> list[Job]:
+        where, params = "", list[Any]()
+        if status is not None:
+            sql, params = _in("status", tuple(s.value for s in status))
+            where += sql
+        if queue is not None:
+            where += " AND queue = ?"
+            params.append(queue)
+        rows = self._read(
+            f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE 1{where} ORDER BY id DESC LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        )
+        return [_job(r) for r in rows]
+
+    def queues(self) -> list[str]:
+        return [
+            r[0] for r in self._read("SELECT DISTINCT queue FROM nbqueue_counts WHERE n > 0 ORDER BY queue")
+        ]
+
+    def next_due(self, where: Filter) -> int | None:
+        task_sql, params = _in("task", where.tasks)
+        queue_sql, queue_params = _in("queue", where.queues)
+        rows = self._read(
+            f"SELECT run_at FROM nbqueue_jobs INDEXED BY nbqueue_due WHERE {_CLAIMABLE_SQL}"
+            f"{task_sql}{queue_sql} ORDER BY run_at LIMIT 1",
+            (*params, *queue_params),
+        )
+        return int(rows[0][0]) if rows else None
+
+    def now(self) -> int | None:
+        return None
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits to the file."""
+        return int(self._read("PRAGMA data_version")[0][0])
+
+    def wait_for_change(self, timeout: float) -> None:
+        # PRAGMA data_version sees commits by other processes without taking a lock.
+        before = self.data_version()
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            with self._signal:
+                if self._signal.wait(min(left, 0.02)):
+                    return
+            if self.data_version() != before:
+                return
+
+    def notify(self) -> None:
+        with self._signal:
+            self._signal.notify_all()
+
+    def close(self) -> None:
+        self._closed = True
+        with self._all_lock:
+            for conn in self._all:
+                with suppress(sqlite3.Error):
+                    conn.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+def _in(column: str, values: Sequence[str] | None) -> tuple[str, list[Any]]:
+    """` AND column IN (?, ...)` for a filter; nothing for None."""
+    if values is None:
+        return "", []
+    if not values:
+        return " AND 0", []
+    return f" AND {column} IN ({', '.join('?' * len(values))})", list(values)
+
+
+def _split_sql(script: str) -> list[str]:
+    """Statements of a migration script; trigger bodies keep their inner semicolons."""
+    statements, current = [], ""
+    for line in script.strip().splitlines():
+        current += line + "\n"
+        if sqlite3.complete_statement(current):
+            statements.append(current.strip())
+            current = ""
+    return statements
+
+
+def _job(row: Sequence[Any]) -> Job:
+    return Job(
+        id=row[0],
+        status=State(row[1]),
+        queue=row[2],
+        task=row[3],
+        payload=json.loads(row[4]),
+        priority=row[5],
+        key=row[6],
+        retries=row[7],
+        max_retries=row[8],
+        attempts=row[9],
+        error=row[10],
+        run_at=from_us(row[11]),  # type: ignore[arg-type]
+        created_at=from_us(row[12]),  # type: ignore[arg-type]
+        updated_at=from_us(row[13]),  # type: ignore[arg-type]
+        started_at=from_us(row[14]),
+        finished_at=from_us(row[15]),
+        lease_until=from_us(row[16]),
+        worker_id=row[17],
+        timeout=row[18],
+        output=row[19],
+        backoff=json.loads(row[20]) if row[20] else None,
+        result_json=row[21],
+    )

@@ -1,0 +1,366 @@
+"""The worker: background threads that claim, run and report jobs.
+
+The only module with threads. It never writes to stdout or stderr (in a
+notebook that output would land in whatever cell is running): it logs
+through `logging`, and what a job prints is captured into the job's record.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from . import tasks as registry
+from .clock import Duration, seconds
+from .errors import InvalidArgument, LeaseLost, NbqueueError, PayloadError, WaitTimeout
+from .jobs import Job
+from .queue import Queue, _queues, default_worker_id
+from .storage import Filter
+
+log = logging.getLogger("nbqueue.worker")
+
+MAX_OUTPUT = 64 * 1024  # keep the tail of what a job prints
+IDLE_RECHECK = 0.5  # seconds an idle thread sleeps before re-reading the due time
+
+
+class Worker:
+    """Runs a queue's jobs in background threads of this process.
+
+    Args:
+        queue: the Queue to work.
+        queues: queue names to take jobs from (None = every queue).
+        concurrency: how many jobs run at once (one thread each).
+        lease: seconds a claim lasts; heartbeats renew it while a job runs.
+        tasks: task names this worker may run (None = every registered task
+            that does not need an opt-in, plus those in `allow`).
+    """
+
+    def __init__(
+        self,
+        queue: Queue,
+        queues: str | Sequence[str] | None = None,
+        concurrency: int = 1,
+        lease: Duration = 60,
+        *,
+        tasks: Sequence[str] | None = None,
+        allow: Sequence[str] = (),
+        worker_id: str | None = None,
+        recover_interval: Duration | None = None,
+    ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidArgument(f"concurrency must be a whole number >= 1, not {concurrency!r}")
+        lease_s = seconds(lease, "lease", allow_none=False) or 0.0
+        if lease_s < 0.05:
+            raise InvalidArgument(f"lease must be at least 0.05 seconds, not {lease_s}")
+        self.queue = queue
+        self.queues = _queues(queues)
+        self.concurrency = concurrency
+        self.lease = lease_s
+        self.tasks = None if tasks is None else tuple(tasks)
+        self.allow = tuple(allow)
+        self.worker_id = worker_id or default_worker_id()
+        self.recover_interval = seconds(recover_interval, "recover_interval") or max(
+            0.05, min(self.lease / 4, 10.0)
+        )
+        self.completed = 0
+        self.failed = 0
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._state = threading.Condition()
+        self._busy = 0  # threads claiming or running; guarded by _state
+        self._in_flight: dict[int, tuple[Job, float]] = {}  # id -> (claim, monotonic start)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True while the worker's threads are alive."""
+        return any(t.is_alive() for t in self._threads)
+
+    def start(self) -> Worker:
+        """Start the threads (no-op if already running)."""
+        if self.running:
+            return self
+        self._stopping.clear()
+        self._threads = [
+            threading.Thread(target=self._run_loop, name=f"nbqueue-worker-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        self._threads.append(threading.Thread(target=self._keeper, name="nbqueue-keeper", daemon=True))
+        for thread in self._threads:
+            thread.start()
+        log.info(
+            "worker %s started: concurrency %d, queues %s",
+            self.worker_id,
+            self.concurrency,
+            self.queues or "all",
+        )
+        return self
+
+    def stop(self, timeout: float = 10) -> bool:
+        """Stop taking jobs; wait up to `timeout` s for running ones, then release them.
+
+        Returns True when every thread has ended. A released job goes back to
+        pending with no retry counted; whatever its handler returns later is refused.
+        """
+        self._stopping.set()
+        self.queue.storage.notify()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.name != "nbqueue-keeper":
+                thread.join(max(0.0, deadline - time.monotonic()))
+        with self._state:
+            stuck = [job for job, _ in self._in_flight.values()]
+            self._in_flight.clear()
+        for job in stuck:
+            try:
+                self.queue.release(job)
+                log.warning("job %d still running at stop: released back to pending", job.id)
+            except NbqueueError as exc:
+                log.warning("job %d could not be released: %s", job.id, exc)
+        for thread in self._threads:
+            if thread.name == "nbqueue-keeper":
+                thread.join(max(0.1, deadline - time.monotonic()))
+        alive = [t for t in self._threads if t.is_alive()]
+        self._threads = alive
+        return not alive
+
+    def run_until_idle(self, timeout: float | None = None) -> None:
+        """Work until nothing this worker can run is due now and nothing runs in it.
+
+        Retries scheduled for later are not waited for. Starts the worker for the
+        duration if it is not running.
+        """
+        started_here = not self.running
+        if started_here:
+            self.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                with self._state:
+                    if self._busy == 0:
+                        due = self.queue.storage.next_due(self._filter())
+                        if due is None or due > self.queue._now():
+                            return
+                    self._state.wait(0.02)
+                self.queue.storage.notify()  # wake an idle thread for the due job
+                if deadline is not None and time.monotonic() > deadline:
+                    raise WaitTimeout(f"the worker was still busy after {timeout} s")
+                if not self.running:
+                    raise NbqueueError("the worker stopped before the queue was idle")
+        finally:
+            if started_here:
+                self.stop()
+
+    def status(self) -> dict[str, Any]:
+        """What the worker is doing: running, in-flight job ids and tallies."""
+        with self._state:
+            in_flight = sorted(self._in_flight)
+        return {
+            "worker_id": self.worker_id,
+            "running": self.running,
+            "concurrency": self.concurrency,
+            "queues": list(self.queues) if self.queues else None,
+            "in_flight": in_flight,
+            "completed": self.completed,
+            "failed": self.failed,
+        }
+
+    def __enter__(self) -> Worker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<nbqueue.Worker {state} concurrency={self.concurrency} queue={self.queue.target!r}>"
+
+    # -- the loop --------------------------------------------------------------
+
+    def _filter(self) -> Filter:
+        if self.tasks is not None:
+            names = self.tasks
+        else:
+            names = tuple(n for n in registry.names() if not registry.lookup(n).opt_in or n in self.allow)
+        return Filter(self.queues, names)
+
+    def _run_loop(self) -> None:
+        while not self._stopping.is_set():
+            with self._state:
+                self._busy += 1
+            job = None
+            try:
+                job = self.queue.claim(self.queues, self.worker_id, self.lease, self._filter().tasks)
+            except NbqueueError:
+                log.exception("claim failed; retrying shortly")
+            try:
+                if job is not None:
+                    self._execute(job)
+            finally:
+                with self._state:
+                    self._busy -= 1
+                    self._state.notify_all()
+            if job is None:
+                self._idle_wait()
+
+    def _idle_wait(self) -> None:
+        try:
+            due = self.queue.storage.next_due(self._filter())
+        except NbqueueError:
+            due = None
+        wait = IDLE_RECHECK
+        if due is not None:
+            wait = min(wait, max(0.0, (due - self.queue._now()) / 1e6))
+        if wait > 0 and not self._stopping.is_set():
+            self.queue.storage.wait_for_change(wait)
+
+    def _execute(self, job: Job) -> None:
+        with self._state:
+            self._in_flight[job.id] = (job, time.monotonic())
+        buffer = io.StringIO()
+        outcome: tuple[str, Any]
+        try:
+            handler = registry.lookup(job.task or "")
+            with _captured(buffer):
+                value = handler.fn(*job.args, **job.kwargs)
+            outcome = ("ok", value)
+        except BaseException as exc:  # a handler's failure is the job's, never the worker's
+            outcome = ("error", exc)
+        finally:
+            with self._state:
+                owned = self._in_flight.pop(job.id, None) is not None
+        output = _tail(buffer.getvalue())
+        if not owned:  # timed out or released meanwhile: the lease is gone
+            log.warning("job %d finished after its claim was given up; result discarded", job.id)
+            return
+        self._report(job, outcome, output)
+
+    def _report(self, job: Job, outcome: tuple[str, Any], output: str | None) -> None:
+        kind, value = outcome
+        try:
+            if kind == "ok":
+                try:
+                    self.queue.complete(job, value, output=output)
+                    self.completed += 1
+                    return
+                except PayloadError as exc:
+                    value = exc
+            verdict = self.queue.fail(job, value, output=output)
+            self.failed += 1
+            log.info("job %d failed (%s): %s", job.id, verdict, _last_line(value))
+        except LeaseLost as exc:
+            log.warning("%s", exc)
+        except NbqueueError:
+            log.exception("could not record the outcome of job %d", job.id)
+
+    # -- heartbeats, recovery, timeouts ------------------------------------------
+
+    def _keeper(self) -> None:
+        beat_every = self.lease / 3
+        last_beat = last_recover = 0.0
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            if now - last_recover >= self.recover_interval:
+                last_recover = now
+                self._guard(self.queue.recover)
+            if now - last_beat >= beat_every:
+                last_beat = now
+                self._beat()
+            self._expire_timeouts()
+            self._stopping.wait(min(beat_every, self.recover_interval, 0.25))
+
+    def _beat(self) -> None:
+        with self._state:
+            jobs = [job for job, _ in self._in_flight.values()]
+        for job in jobs:
+            try:
+                self.queue.heartbeat(job)
+            except LeaseLost as exc:
+                log.warning("%s", exc)
+                with self._state:
+                    self._in_flight.pop(job.id, None)
+            except NbqueueError:
+                log.exception("heartbeat for job %d failed", job.id)
+
+    def _expire_timeouts(self) -> None:
+        now = time.monotonic()
+        with self._state:
+            late = [
+                job
+                for job, start in self._in_flight.values()
+                if job.timeout is not None and now - start > job.timeout
+            ]
+            for job in late:
+                self._in_flight.pop(job.id, None)
+        for job in late:
+            try:
+                self.queue.fail(job, f"timed out after {job.timeout:g} s")
+                self.failed += 1
+            except NbqueueError as exc:
+                log.warning("could not fail timed-out job %d: %s", job.id, exc)
+
+    def _guard(self, action: Callable[[], object]) -> None:
+        try:
+            action()
+        except NbqueueError:
+            log.exception("worker housekeeping failed")
+
+
+# -- capturing what jobs print ---------------------------------------------------
+
+_capture = threading.local()
+_install_lock = threading.Lock()
+
+
+class _Router(io.TextIOBase):
+    """Stands in for sys.stdout/stderr: a job's thread writes to its buffer, others pass."""
+
+    def __init__(self, target: TextIO) -> None:
+        self.target = target
+
+    def write(self, text: str) -> int:
+        buffer: io.StringIO | None = getattr(_capture, "buffer", None)
+        if buffer is not None:
+            return buffer.write(text)
+        return self.target.write(text)
+
+    def flush(self) -> None:
+        if getattr(_capture, "buffer", None) is None:
+            self.target.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+
+class _captured:
+    """Route this thread's prints into `buffer` for the duration."""
+
+    def __init__(self, buffer: io.StringIO) -> None:
+        self.buffer = buffer
+
+    def __enter__(self) -> None:
+        with _install_lock:
+            for name in ("stdout", "stderr"):
+                current = getattr(sys, name)
+                if not isinstance(current, _Router):
+                    setattr(sys, name, _Router(current))
+        _capture.buffer = self.buffer
+
+    def __exit__(self, *exc: object) -> None:
+        _capture.buffer = None
+
+
+def _tail(text: str) -> str | None:
+    if not text:
+        return None
+    return text if len(text) <= MAX_OUTPUT else "...(earlier output cut)\n" + text[-MAX_OUTPUT:]
+
+
+def _last_line(error: object) -> str:
+    return (str(error).strip().splitlines() or [""])[-1][:200]

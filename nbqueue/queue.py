@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import html
+import json
 import os
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 from . import payload as payload_json
 from . import tasks as registry
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from .worker import Worker
 
 RECOVER_BATCH = 500
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Queue:
@@ -79,9 +82,27 @@ class Queue:
 
     # -- producing -------------------------------------------------------------
 
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_retries: int = 3,
+        backoff: Backoff | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        timeout: Duration | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
     def task(
         self,
         fn: Callable[..., Any] | None = None,
+        /,
         *,
         name: str | None = None,
         max_retries: int = 3,
@@ -90,7 +111,11 @@ class Queue:
         priority: int = 0,
         timeout: Duration | None = None,
     ) -> Any:
-        """Register a function as a task: ``@q.task`` or ``@q.task(max_retries=5, ...)``."""
+        """Register a function as a task: ``@q.task`` or ``@q.task(max_retries=5, ...)``.
+
+        The name defaults to the function's module-qualified name. Registration is
+        process-wide: any worker in this process runs the task, whatever Queue it works.
+        """
 
         def wrap(f: Callable[..., Any]) -> Task[Any, Any]:
             if not callable(f):
@@ -253,8 +278,32 @@ class Queue:
         )
 
     def _insert_one(self, new: NewJob) -> Job:
-        [(job_id, _created)] = self.storage.insert([new], self._now())
-        return self.get(job_id)
+        now = self._now()
+        [(job_id, created)] = self.storage.insert([new], now)
+        if not created:  # an unfinished job already holds the key: that job is the answer
+            return self.get(job_id)
+        stamp = from_us(now)
+        assert stamp is not None
+        return self._attach(
+            Job(
+                id=job_id,
+                status=State.PENDING,
+                queue=new.queue,
+                task=new.task,
+                payload=json.loads(new.payload),
+                priority=new.priority,
+                key=new.key,
+                retries=0,
+                max_retries=new.max_retries,
+                attempts=0,
+                error=None,
+                run_at=stamp + timedelta(microseconds=new.delay_us),
+                created_at=stamp,
+                updated_at=stamp,
+                timeout=new.timeout,
+                backoff=json.loads(new.backoff),
+            )
+        )
 
     # -- consuming -------------------------------------------------------------
 
@@ -291,9 +340,13 @@ class Queue:
         """Record success; the result is stored as JSON."""
         self._check_claim(job, State.COMPLETED)
         text = payload_json.dumps(result, "result")
-        if not self.storage.complete(job.id, job.attempts, text, output, self._now()):
+        now = self._now()
+        if not self.storage.complete(job.id, job.attempts, text, output, now):
             raise self._lease_lost(job, "complete")
-        return self.get(job.id)
+        job.status, job.result_json, job.output = State.COMPLETED, text, output
+        job.finished_at = job.updated_at = from_us(now)  # type: ignore[assignment]
+        job.lease_until = None
+        return job
 
     def fail(
         self,

@@ -18,7 +18,12 @@ import nbqueue
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "nbqueue", *args], capture_output=True, text=True, timeout=60, cwd=cwd
+        [sys.executable, "-m", "nbqueue", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        check=False,
     )
 
 
@@ -116,7 +121,7 @@ def test_worker_runs_imported_tasks_and_stops_gracefully_on_sigterm(db: str, tmp
             import time
             import nbqueue
 
-            q = nbqueue.Queue(%r)
+            q = nbqueue.Queue(DB)
 
             @q.task(name="double")
             def double(x):
@@ -127,8 +132,7 @@ def test_worker_runs_imported_tasks_and_stops_gracefully_on_sigterm(db: str, tmp
                 time.sleep(1.0)
                 return "finished"
             """
-            % db
-        )
+        ).replace("DB", repr(db))
     )
     q = nbqueue.Queue(db)
     doubles = [q.enqueue({"args": [i], "kwargs": {}}) for i in range(3)]  # raw: not for the worker

@@ -370,7 +370,8 @@ class SQLiteStorage:
         changed = self._write(
             lambda conn: (
                 conn.execute(
-                    "UPDATE nbqueue_jobs SET status = ?, error = ?, output = ?, retries = retries + 1, "
+                    "UPDATE nbqueue_jobs SET status = ?, error = ?, output = ?, "
+                    "retries = retries + (? = 'failed'), "  # a dead job used its retries; none is added
                     "run_at = CASE WHEN ? = 'failed' THEN ? ELSE run_at END, finished_at = ?, "
                     "updated_at = ?, lease_until = NULL WHERE id = ? AND status = 'running' "
                     f"AND attempts = ? AND {lease_test}",
@@ -378,6 +379,7 @@ class SQLiteStorage:
                         status.value,
                         error,
                         output,
+                        status.value,
                         status.value,
                         now + delay_us,
                         finished,

@@ -1,0 +1,67 @@
+"""The job state machine: every pair of states is either a legal transition or refused."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import nbqueue
+from nbqueue.jobs import CLAIMABLE, FINISHED, TRANSITIONS, UNFINISHED, State, check_transition
+
+S = State
+LEGAL = {
+    (S.PENDING, S.RUNNING): "claim",
+    (S.FAILED, S.RUNNING): "claim",
+    (S.RUNNING, S.COMPLETED): "complete",
+    (S.RUNNING, S.FAILED): "fail",
+    (S.RUNNING, S.DEAD): "fail",
+    (S.RUNNING, S.PENDING): "release",
+    (S.RUNNING, S.CANCELLED): "cancel",
+    (S.PENDING, S.CANCELLED): "cancel",
+    (S.FAILED, S.CANCELLED): "cancel",
+    (S.DEAD, S.PENDING): "requeue",
+    (S.CANCELLED, S.PENDING): "requeue",
+}
+ALL_PAIRS = list(itertools.product(State, State))
+ILLEGAL = [pair for pair in ALL_PAIRS if pair not in LEGAL]
+
+
+def test_six_states() -> None:
+    assert [s.value for s in State] == ["pending", "running", "completed", "failed", "dead", "cancelled"]
+
+
+def test_transition_table_is_the_documented_one() -> None:
+    assert TRANSITIONS == LEGAL
+
+
+def test_state_groups() -> None:
+    assert set(CLAIMABLE) == {S.PENDING, S.FAILED}
+    assert set(UNFINISHED) == {S.PENDING, S.FAILED, S.RUNNING}
+    assert set(FINISHED) == {S.COMPLETED, S.DEAD, S.CANCELLED}
+
+
+@pytest.mark.parametrize(("current", "target"), list(LEGAL), ids=lambda s: s.value)
+def test_legal_transition_passes(current: State, target: State) -> None:
+    check_transition(1, current, target)  # does not raise
+    check_transition(1, current.value, target.value)  # plain strings too
+    assert TRANSITIONS[(current, target)] == LEGAL[(current, target)]
+
+
+@pytest.mark.parametrize(("current", "target"), ILLEGAL, ids=lambda s: s.value)
+def test_illegal_transition_raises(current: State, target: State) -> None:
+    with pytest.raises(nbqueue.InvalidTransition) as info:
+        check_transition(7, current, target)
+    message = str(info.value)
+    assert "7" in message and current.value in message and target.value in message
+    assert isinstance(info.value, nbqueue.NbqueueError)
+
+
+def test_every_pair_is_covered() -> None:
+    assert len(LEGAL) + len(ILLEGAL) == len(State) ** 2 == 36
+
+
+@pytest.mark.parametrize("state", list(FINISHED), ids=lambda s: s.value)
+def test_finished_states_never_move_by_themselves(state: State) -> None:
+    # Only a human requeue may take a job out of a finished state.
+    assert all(verb == "requeue" for (a, _), verb in TRANSITIONS.items() if a == state)

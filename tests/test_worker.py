@@ -1,0 +1,231 @@
+"""The in-process worker: real threads running real jobs on a real file."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import nbqueue
+from nbqueue import Backoff, Queue, tasks
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    """An event hung handlers wait on; always opened at teardown so no thread stays stuck."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def test_worker_runs_tasks(queue: Queue) -> None:
+    @queue.task
+    def square(x: int) -> int:
+        return x * x
+
+    jobs = [square.enqueue(i) for i in range(10)]
+    worker = queue.worker(lease=5)
+    worker.run_until_idle(timeout=20)
+    assert [queue.get(j.id).value for j in jobs] == [i * i for i in range(10)]
+    assert queue.counts()["completed"] == 10
+    assert not worker.running
+    assert worker.completed == 10
+
+
+def test_run_until_idle_does_not_wait_for_later_retries(queue: Queue) -> None:
+    @queue.task(max_retries=3, backoff=Backoff(base=600, cap=600, jitter=0))
+    def flaky() -> None:
+        raise RuntimeError("try again later")
+
+    @queue.task
+    def fine() -> str:
+        return "ok"
+
+    bad = flaky.enqueue()
+    good = fine.enqueue()
+    later = fine.schedule(delay=600)
+    queue.worker(lease=5).run_until_idle(timeout=20)
+    failed = queue.get(bad.id)
+    assert failed.status == "failed"
+    assert (failed.attempts, failed.retries) == (1, 1)
+    assert queue.get(good.id).status == "completed"
+    assert queue.get(later.id).status == "pending"
+
+
+def test_raising_handler_fails_the_job_with_its_traceback(queue: Queue) -> None:
+    @queue.task(max_retries=0)
+    def explode(n: int) -> None:
+        raise ValueError(f"kaboom {n}")
+
+    job = explode.enqueue(7)
+    queue.worker(lease=5).run_until_idle(timeout=20)
+    dead = queue.get(job.id)
+    assert dead.status == "dead"
+    assert "Traceback (most recent call last)" in (dead.error or "")
+    assert "in explode" in (dead.error or "")
+    assert "ValueError: kaboom 7" in (dead.error or "")
+    with pytest.raises(nbqueue.JobFailed, match="kaboom 7"):
+        job.result(timeout=5)
+
+
+def test_worker_claims_only_tasks_it_knows(queue: Queue) -> None:
+    @queue.task(name="known")
+    def known() -> str:
+        return "ran"
+
+    @queue.task(name="gone.away")
+    def gone() -> str:
+        return "should not run"
+
+    orphan = gone.enqueue()
+    tasks.unregister("gone.away")  # as in a worker process that never imported it
+    raw = queue.enqueue({"raw": "payload"})  # no task at all: only claim() takes these
+    ok = known.enqueue()
+    worker = queue.worker(lease=5)
+    worker.run_until_idle(timeout=20)
+    assert queue.get(ok.id).status == "completed"
+    for job_id in (orphan.id, raw.id):
+        left = queue.get(job_id)
+        assert left.status == "pending"  # never dropped, never failed
+        assert left.attempts == 0
+        assert left.error is None
+    # Once the handler is known again, the job runs.
+    queue.task(name="gone.away")(lambda: "back")
+    queue.worker(lease=5).run_until_idle(timeout=20)
+    assert queue.get(orphan.id).value == "back"
+    assert queue.get(raw.id).status == "pending"
+
+
+def test_concurrency_runs_jobs_in_parallel(queue: Queue) -> None:
+    barrier = threading.Barrier(4, timeout=10)
+
+    @queue.task(max_retries=0)
+    def meet(i: int) -> int:
+        barrier.wait()  # breaks (and the job dies) unless all four run at the same time
+        return i
+
+    jobs = [meet.enqueue(i) for i in range(4)]
+    with queue.worker(concurrency=4, lease=30):
+        results = [job.result(timeout=20) for job in jobs]
+    assert results == [0, 1, 2, 3]
+    assert not barrier.broken
+
+
+def test_heartbeats_keep_a_long_job_alive(queue: Queue) -> None:
+    @queue.task(max_retries=3)
+    def slow() -> str:
+        time.sleep(1.2)
+        return "done"
+
+    job = slow.enqueue()
+    with queue.worker(lease=0.3):
+        assert job.result(timeout=20) == "done"
+    done = queue.get(job.id)
+    assert done.attempts == 1
+    assert done.retries == 0
+    assert done.error is None
+
+
+def test_task_timeout_fails_a_hung_job(queue: Queue, gate: threading.Event) -> None:
+    @queue.task(timeout=0.3, max_retries=0)
+    def hang() -> str:
+        gate.wait(20)
+        return "too late"
+
+    job = hang.enqueue()
+    with queue.worker(lease=5):
+        with pytest.raises(nbqueue.JobFailed, match="timed out"):
+            job.result(timeout=15)
+        gate.set()
+    dead = queue.get(job.id)
+    assert dead.status == "dead"
+    assert "timed out" in (dead.error or "")
+    assert dead.result_json is None
+
+
+def test_stop_releases_a_running_job(queue: Queue, gate: threading.Event) -> None:
+    started = threading.Event()
+
+    @queue.task
+    def hang() -> str:
+        started.set()
+        gate.wait(20)
+        return "finished"
+
+    job = hang.enqueue()
+    worker = queue.worker(lease=30).start()
+    assert started.wait(10)
+    assert queue.get(job.id).status == "running"
+    worker.stop(timeout=0.2)
+    released = queue.get(job.id)
+    assert released.status == "pending"
+    assert released.retries == 0
+    assert released.error is None
+    gate.set()  # the old handler returns now; its result must be discarded
+    time.sleep(0.2)
+    assert queue.get(job.id).status == "pending"
+    # A later worker runs it again, and this time it completes.
+    queue.worker(lease=30).run_until_idle(timeout=20)
+    assert queue.get(job.id).value == "finished"
+    assert queue.get(job.id).attempts == 2
+
+
+def test_context_manager_starts_and_stops(queue: Queue) -> None:
+    @queue.task
+    def hello() -> str:
+        return "hi"
+
+    with queue.worker(lease=5) as worker:
+        assert isinstance(worker, nbqueue.Worker)
+        assert worker.running
+        assert hello.enqueue().result(timeout=10) == "hi"
+    assert not worker.running
+
+
+def test_job_output_is_captured_not_printed(queue: Queue, capfd: pytest.CaptureFixture[str]) -> None:
+    @queue.task
+    def chatty() -> int:
+        print("hello from the job")
+        print("a warning from the job", file=sys.stderr)
+        return 1
+
+    job = chatty.enqueue()
+    queue.worker(lease=5).run_until_idle(timeout=20)
+    print("printed by the test itself")
+    out, err = capfd.readouterr()
+    done = queue.get(job.id)
+    assert done.status == "completed"
+    assert "hello from the job" in (done.output or "")
+    assert "a warning from the job" in (done.output or "")
+    assert "hello from the job" not in out
+    assert "a warning from the job" not in err
+    assert "printed by the test itself" in out  # other threads still print normally
+
+
+def test_enqueue_wakes_an_idle_worker(queue: Queue) -> None:
+    @queue.task
+    def ping() -> str:
+        return "pong"
+
+    with queue.worker(lease=5) as worker:
+        time.sleep(0.3)  # let it go idle
+        assert worker.running
+        job = ping.enqueue()
+        assert job.result(timeout=2) == "pong"
+
+
+def test_worker_rejects_bad_options(queue: Queue) -> None:
+    for options in ({"concurrency": 0}, {"concurrency": 1.5}, {"lease": 0}, {"lease": -1}):
+        with pytest.raises(nbqueue.InvalidArgument):
+            queue.worker(**options)

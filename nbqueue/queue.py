@@ -27,7 +27,7 @@ from .errors import (
 )
 from .jobs import FINISHED, Job, State, check_transition, sources
 from .retry import Backoff
-from .storage import Filter, NewJob, open_storage
+from .storage import ClaimRequest, Filter, NewJob, open_storage
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -318,12 +318,11 @@ class Queue:
         lease_s = seconds(lease, "lease", allow_none=False)
         if not lease_s:
             raise InvalidArgument("lease must be more than 0 seconds")
-        job = self.storage.claim(
-            Filter(_queues(queues), None if tasks is None else tuple(tasks)),
-            worker_id or default_worker_id(),
-            to_us(lease_s),
-            self._now(),
-        )
+        where = Filter(_queues(queues), None if tasks is None else tuple(tasks))
+        return self._claim(ClaimRequest(where, worker_id or default_worker_id(), to_us(lease_s)))
+
+    def _claim(self, request: ClaimRequest) -> Job | None:
+        job = self.storage.claim(*request, self._now())
         return self._attach(job) if job else None
 
     def heartbeat(self, job: Job, lease: Duration | None = None) -> Job:
@@ -338,15 +337,23 @@ class Queue:
 
     def complete(self, job: Job, result: Any = None, *, output: str | None = None) -> Job:
         """Record success; the result is stored as JSON."""
+        self._complete(job, result, output, None)
+        return job
+
+    def _complete(
+        self, job: Job, result: Any, output: str | None, then_claim: ClaimRequest | None
+    ) -> Job | None:
+        """Complete `job` and optionally claim the next one in the same commit (the worker's path)."""
         self._check_claim(job, State.COMPLETED)
         text = payload_json.dumps(result, "result")
         now = self._now()
-        if not self.storage.complete(job.id, job.attempts, text, output, now):
+        done, following = self.storage.complete(job.id, job.attempts, text, output, now, then_claim)
+        if not done:
             raise self._lease_lost(job, "complete")
         job.status, job.result_json, job.output = State.COMPLETED, text, output
         job.finished_at = job.updated_at = from_us(now)  # type: ignore[assignment]
         job.lease_until = None
-        return job
+        return self._attach(following) if following else None
 
     def fail(
         self,

@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from . import tasks as registry
-from .clock import Duration, seconds
+from .clock import Duration, seconds, to_us
 from .errors import InvalidArgument, LeaseLost, NbqueueError, PayloadError, WaitTimeout
 from .jobs import Job
 from .queue import Queue, _queues, default_worker_id
-from .storage import Filter
+from .storage import ClaimRequest, Filter
 
 log = logging.getLogger("nbqueue.worker")
 
@@ -190,24 +190,32 @@ class Worker:
             names = tuple(n for n in registry.names() if not registry.lookup(n).opt_in or n in self.allow)
         return Filter(self.queues, names)
 
+    def _request(self) -> ClaimRequest:
+        return ClaimRequest(self._filter(), self.worker_id, to_us(self.lease))
+
     def _run_loop(self) -> None:
-        while not self._stopping.is_set():
-            with self._state:
-                self._busy += 1
-            job = None
-            try:
-                job = self.queue.claim(self.queues, self.worker_id, self.lease, self._filter().tasks)
-            except NbqueueError:
-                log.exception("claim failed; retrying shortly")
-            try:
-                if job is not None:
-                    self._execute(job)
-            finally:
+        job: Job | None = None
+        while True:
+            if job is None:  # `_busy` counts this thread from its claim until it holds no job
+                if self._stopping.is_set():
+                    return
+                with self._state:
+                    self._busy += 1
+                try:
+                    job = self.queue._claim(self._request())
+                except NbqueueError:
+                    log.exception("claim failed; retrying shortly")
+                if job is None:
+                    with self._state:
+                        self._busy -= 1
+                        self._state.notify_all()
+                    self._idle_wait()
+                    continue
+            job = self._execute(job)
+            if job is None:
                 with self._state:
                     self._busy -= 1
                     self._state.notify_all()
-            if job is None:
-                self._idle_wait()
 
     def _idle_wait(self) -> None:
         try:
@@ -220,7 +228,8 @@ class Worker:
         if wait > 0 and not self._stopping.is_set():
             self.queue.storage.wait_for_change(wait)
 
-    def _execute(self, job: Job) -> None:
+    def _execute(self, job: Job) -> Job | None:
+        """Run one job and record its outcome; returns the next job if one was claimed with it."""
         with self._state:
             self._in_flight[job.id] = (job, time.monotonic())
         buffer = io.StringIO()
@@ -238,26 +247,28 @@ class Worker:
         output = _tail(buffer.getvalue())
         if not owned:  # timed out or released meanwhile: the lease is gone
             log.warning("job %d finished after its claim was given up; result discarded", job.id)
-            return
-        self._report(job, outcome, output)
+            return None
+        return self._report(job, outcome, output)
 
-    def _report(self, job: Job, outcome: tuple[str, Any], output: str | None) -> None:
+    def _report(self, job: Job, outcome: tuple[str, Any], output: str | None) -> Job | None:
         kind, value = outcome
         try:
             if kind == "ok":
                 try:
-                    self.queue.complete(job, value, output=output)
-                    self.completed += 1
-                    return
+                    then = None if self._stopping.is_set() else self._request()
+                    following = self.queue._complete(job, value, output, then)
+                    self._tally(completed=1)
+                    return following
                 except PayloadError as exc:
                     value = exc
             verdict = self.queue.fail(job, value, output=output)
-            self.failed += 1
+            self._tally(failed=1)
             log.info("job %d failed (%s): %s", job.id, verdict, _last_line(value))
         except LeaseLost as exc:
             log.warning("%s", exc)
         except NbqueueError:
             log.exception("could not record the outcome of job %d", job.id)
+        return None
 
     # -- heartbeats, recovery, timeouts ------------------------------------------
 
@@ -301,9 +312,14 @@ class Worker:
         for job in late:
             try:
                 self.queue.fail(job, f"timed out after {job.timeout:g} s")
-                self.failed += 1
+                self._tally(failed=1)
             except NbqueueError as exc:
                 log.warning("could not fail timed-out job %d: %s", job.id, exc)
+
+    def _tally(self, completed: int = 0, failed: int = 0) -> None:
+        with self._state:
+            self.completed += completed
+            self.failed += failed
 
     def _guard(self, action: Callable[[], object]) -> None:
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..errors import InvalidArgument
 from ..jobs import Job, State
@@ -39,6 +39,14 @@ class Filter:
     tasks: tuple[str, ...] | None = None
 
 
+class ClaimRequest(NamedTuple):
+    """What a claim needs besides the time: which jobs, for whom, for how long."""
+
+    where: Filter
+    worker_id: str
+    lease_us: int
+
+
 class Storage(Protocol):
     """What a backend must do. Every method is atomic and safe from many threads."""
 
@@ -54,8 +62,19 @@ class Storage(Protocol):
         """Extend a live lease (None = by the claim's lease); the new end, or None if lost."""
         ...
 
-    def complete(self, job_id: int, attempt: int, result: str, output: str | None, now: int) -> bool:
-        """Running -> completed under a live lease; False if the lease was lost."""
+    def complete(
+        self,
+        job_id: int,
+        attempt: int,
+        result: str,
+        output: str | None,
+        now: int,
+        then_claim: ClaimRequest | None = None,
+    ) -> tuple[bool, Job | None]:
+        """Running -> completed under a live lease (False if it was lost).
+
+        With `then_claim`, the next job is claimed in the same transaction.
+        """
         ...
 
     def fail(
@@ -121,6 +140,10 @@ class Storage(Protocol):
 
     def next_due(self, where: Filter) -> int | None:
         """The earliest run_at of a claimable job (for the worker's sleep)."""
+        ...
+
+    def task_names(self, statuses: Sequence[State]) -> list[str]:
+        """The task names of jobs in `statuses`."""
         ...
 
     def now(self) -> int | None:

@@ -3,14 +3,16 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
+NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=120
 
-.PHONY: help install test lint demo bench clean
+.PHONY: help install test test-ui lint demo lab bench clean
 
 help:
-	@echo "make demo   run a short real scenario on a SQLite queue"
-	@echo "make test   install into .venv, lint, run the whole test suite"
-	@echo "make lint   ruff (lint + format check) and mypy"
-	@echo "make bench  throughput next to raw SQLite"
+	@echo "make demo     run a short real scenario, then execute the quickstart notebook into build/"
+	@echo "make test     install into .venv, lint, run the tests and the tutorial notebooks"
+	@echo "make test-ui  JupyterLab in headless Chromium: the board and dead-letter view really work"
+	@echo "make lab      open JupyterLab on notebooks/"
+	@echo "make bench    throughput next to raw SQLite"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,10 +28,21 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
+	$(BIN)/python -m pytest $(NBVAL) notebooks
 	$(BIN)/python -m pytest
+
+test-ui: $(STAMP)
+	$(BIN)/python -m pytest -m ui tests/ui
 
 demo: $(STAMP)
 	$(BIN)/python -m nbqueue.demo
+	mkdir -p build
+	$(BIN)/jupyter execute --timeout=120 --kernel_name=python3 \
+		--output=$(CURDIR)/build/01-quickstart.ipynb notebooks/01-quickstart.ipynb
+	@echo "executed notebook: build/01-quickstart.ipynb (open it with: make lab)"
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py

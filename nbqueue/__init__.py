@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from .clock import ManualClock
 from .errors import (
@@ -58,3 +59,17 @@ __all__ = [
     "Worker",
     "__version__",
 ]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext nbqueue`: register the magics."""
+    from .jupyter import load_ipython_extension as load  # noqa: PLC0415 - IPython only here
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """`%unload_ext nbqueue`: stop the notebook's worker and views."""
+    from .jupyter import unload_ipython_extension as unload  # noqa: PLC0415
+
+    unload(ipython)

@@ -61,3 +61,12 @@ def test_every_cli_option_in_the_readme_exists() -> None:
 def _all_actions() -> list:
     sub = next(a for a in parser()._actions if a.dest == "command")
     return [action for p in sub.choices.values() for action in p._actions]  # type: ignore[union-attr]
+
+
+def test_every_magic_is_in_the_readme_table() -> None:
+    from nbqueue.jupyter.magics import NbqueueMagics
+
+    table = set(re.findall(r"^\| `(%%?\w+)", README, flags=re.M))
+    defined = {f"%{name}" for name in NbqueueMagics.magics["line"]}
+    defined |= {f"%%{name}" for name in NbqueueMagics.magics["cell"]}
+    assert table == defined

@@ -1,5 +1,49 @@
 """The notebook front end: magics, views and DataFrames.
 
-The only package that imports IPython, ipywidgets and pandas, and only when used,
-so `import nbqueue` in a plain worker process stays light.
+The only package that imports IPython, ipywidgets and pandas, and only when
+used, so `import nbqueue` in a plain worker process stays light.
 """
+
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+from ..errors import MissingDependency
+
+_sessions: dict[int, Any] = {}  # id(shell) -> Session: loading twice must not start twice
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext nbqueue`: register the magics (idempotent)."""
+    try:
+        from .magics import NbqueueMagics, Session  # noqa: PLC0415
+    except ImportError as exc:
+        raise MissingDependency(
+            f"the notebook front end needs: pip install 'nbqueue[notebook]' ({exc})"
+        ) from None
+    if id(ipython) in _sessions:
+        return
+    session = Session(ipython)
+    _sessions[id(ipython)] = session
+    ipython.register_magics(NbqueueMagics(ipython, session))
+    atexit.register(session.shutdown)  # kernel shutdown stops the worker cleanly
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """`%unload_ext nbqueue`: stop the worker and the views; `%reload_ext` leaves one worker."""
+    session = _sessions.pop(id(ipython), None)
+    if session is not None:
+        session.shutdown()
+    # Unregister the magics too, so none is left pointing at a stopped session.
+    from .magics import NbqueueMagics  # noqa: PLC0415
+
+    for kind, names in NbqueueMagics.magics.items():
+        for name in names:
+            ipython.magics_manager.magics[kind].pop(name, None)
+    ipython.magics_manager.registry.pop(NbqueueMagics.__name__, None)
+
+
+def session(ipython: Any) -> Any:
+    """The extension's state in this shell (queue, worker, views), or None if not loaded."""
+    return _sessions.get(id(ipython))

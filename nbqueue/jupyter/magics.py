@@ -1,0 +1,352 @@
+"""%nbqueue, %enqueue, %%enqueue, %worker, %jobs and %deadletters."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .. import cells
+from .. import tasks as registry
+from ..errors import NbqueueError
+from ..jobs import UNFINISHED, Job, State
+from ..queue import Queue
+from ..tasks import Task
+from ..worker import Worker
+
+DEFAULT_FILE = "nbqueue.db"
+
+
+@dataclass
+class Session:
+    """The notebook's queue, its worker and its live views: one per kernel."""
+
+    shell: Any
+    queue: Queue | None = None
+    worker: Worker | None = None
+    views: list[Any] = field(default_factory=list)
+
+    def open(self, path: str) -> Queue:
+        """Open (or create) the notebook's queue; the worker follows it."""
+        target = path if "://" in path else os.path.abspath(os.path.expanduser(path))
+        if self.queue is not None and self.queue.target == target:
+            return self.queue
+        opened = Queue(target)  # first: a bad path must leave the running worker alone
+        self.stop_worker()
+        self.close_views()
+        if self.queue is not None:
+            self.queue.close()
+        self.queue = opened
+        cells.register_cell_task(self.queue, self.shell.user_ns)
+        self.shell.user_ns["nbqueue_queue"] = self.queue
+        return self.queue
+
+    def current(self) -> Queue:
+        """The open queue; the first use opens nbqueue.db beside the notebook."""
+        return self.queue if self.queue is not None else self.open(DEFAULT_FILE)
+
+    def start_worker(self, concurrency: int, queues: list[str] | None, lease: float) -> Worker:
+        queue = self.current()
+        if self.worker is not None and self.worker.running:
+            return self.worker
+        self.adopt_functions()
+        self.worker = queue.worker(
+            queues=queues, concurrency=concurrency, lease=lease, allow=[cells.CELL_TASK]
+        ).start()
+        return self.worker
+
+    def adopt_functions(self) -> list[str]:
+        """Register notebook functions that unfinished jobs name but this kernel has not seen.
+
+        After a kernel restart, re-running the cells that define the functions is
+        enough for the new worker to take the old jobs back.
+        """
+        adopted = []
+        for name in self.current().storage.task_names(UNFINISHED):
+            fn = self.shell.user_ns.get(name)
+            if name in registry.names() or isinstance(fn, Task) or not callable(fn):
+                continue
+            self.current().task(name=name)(_LatestDefinition(self.shell.user_ns, name, fn))
+            adopted.append(name)
+        return adopted
+
+    def stop_worker(self, timeout: float = 10) -> bool:
+        if self.worker is None:
+            return True
+        stopped = self.worker.stop(timeout=timeout)
+        self.worker = None
+        return stopped
+
+    def close_views(self) -> None:
+        for view in self.views:
+            view.close()
+        self.views.clear()
+
+    def shutdown(self) -> None:
+        """Stop the worker and the views' timers (unload, kernel shutdown)."""
+        self.close_views()
+        self.stop_worker()
+
+
+def _options(fn: Any) -> Any:
+    """The job options shared by %enqueue and %%enqueue."""
+    for arg in reversed(
+        [
+            argument("--queue", "-q", default=None, help="queue name"),
+            argument("--delay", "-d", type=float, default=None, help="seconds before it may run"),
+            argument("--priority", "-p", type=int, default=None, help="higher runs first"),
+            argument("--retries", "-r", type=int, default=None, help="max retries (default 3)"),
+            argument("--key", "-k", default=None, help="idempotency key"),
+        ]
+    ):
+        fn = arg(fn)
+    return fn
+
+
+def _split_options(line: str, parser: Any) -> tuple[list[str], str]:
+    """Leading `--options` (unquoted) and the call after them, which is left as written.
+
+    (argparse would read `f(1, -1)` as holding an option `-1)`, and split strings.)
+    """
+    takes_value = {opt for action in parser._actions if action.nargs != 0 for opt in action.option_strings}
+    value = r"(\"[^\"]*\"|'[^']*'|\S+)"
+    rest, options = line.strip(), []
+    while rest.startswith("-"):
+        match = re.match(r"(--?[A-Za-z][\w-]*)(=" + value + r")?(\s+|$)", rest)
+        if match is None:
+            break
+        rest = rest[match.end() :]
+        options.append(match.group(1))
+        if match.group(2) is not None:
+            options.append(_unquote(match.group(3)))
+        elif match.group(1) in takes_value and (given := re.match(value + r"(\s+|$)", rest)):
+            options.append(_unquote(given.group(1)))
+            rest = rest[given.end() :]
+    return options, rest
+
+
+def _unquote(text: str) -> str:
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+class _LatestDefinition:
+    """Calls whatever the notebook's namespace holds under `name` now (else the original)."""
+
+    def __init__(self, namespace: dict[str, Any], name: str, original: Any) -> None:
+        self.namespace, self.name, self.original = namespace, name, original
+        self.__name__ = getattr(original, "__name__", name)
+        self.__doc__ = getattr(original, "__doc__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        current = self.namespace.get(self.name, self.original) if self.name else self.original
+        if isinstance(current, Task):
+            current = current.fn
+        if not callable(current):
+            current = self.original
+        return current(*args, **kwargs)
+
+
+@magics_class
+class NbqueueMagics(Magics):
+    """The magics; all of them work on the session's queue."""
+
+    def __init__(self, shell: Any, session: Session) -> None:
+        super().__init__(shell)
+        self.session = session
+
+    @line_magic("nbqueue")
+    def nbqueue_magic(self, line: str) -> Queue:
+        """%nbqueue [PATH]: open (or create) the notebook's queue; without PATH, show it."""
+        path = line.strip()
+        try:
+            if path:
+                parts = shlex.split(path)
+                if len(parts) != 1:
+                    raise UsageError("%nbqueue takes one path (quote it if it has spaces)")
+                return self.session.open(parts[0])
+            return self.session.current()
+        except NbqueueError as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments(name="enqueue")
+    @_options
+    @argument("--wait", "-w", action="store_true", help="block until the job finishes")
+    @argument("call", nargs="*", help="a call: f(args)")
+    @no_var_expand  # the call is Python: {x} and $x must reach it as written
+    @line_magic("enqueue")
+    def enqueue_line(self, line: str) -> Job:
+        """%enqueue [options] f(args): queue a call of a notebook function; returns the Job."""
+        parser = self.enqueue_line.parser
+        options, source = _split_options(line, parser)
+        args = parser.parse_args(options)
+        if args.call:
+            raise UsageError(f"%enqueue: unexpected {' '.join(args.call)!r} before the call")
+        source = source.strip()
+        if not source:
+            raise UsageError("%enqueue needs a call, like: %enqueue fetch('https://example.org')")
+        task, call_args, call_kwargs = self._parse_call(source)
+        try:
+            job = task.schedule(
+                call_args,
+                call_kwargs,
+                delay=args.delay,
+                priority=args.priority,
+                key=args.key,
+                queue=args.queue,
+                max_retries=args.retries,
+            )
+        except NbqueueError as exc:
+            raise UsageError(f"%enqueue {source}: {exc}") from None
+        return self._maybe_wait(job, args.wait)
+
+    @magic_arguments(name="enqueue")
+    @_options
+    @argument("--wait", "-w", action="store_true", help="block until the job finishes")
+    @argument("--name", "-n", default="cell", help="a label for the job")
+    @no_var_expand
+    @cell_magic("enqueue")
+    def enqueue_cell(self, line: str, cell: str) -> Job:
+        """%%enqueue [options] [--name NAME]: the cell's code becomes one job in this namespace."""
+        try:
+            args = self.enqueue_cell.parser.parse_args(shlex.split(line))
+        except ValueError as exc:
+            raise UsageError(f"%%enqueue: {exc}") from None
+        if not cell.strip():
+            raise UsageError("%%enqueue needs code in the cell")
+        try:
+            compile(cell, f"<%%enqueue {args.name}>", "exec")
+        except SyntaxError as exc:
+            raise UsageError(f"%%enqueue: the cell does not parse: {exc}") from None
+        queue = self.session.current()
+        task = cells.register_cell_task(queue, self.shell.user_ns)
+        try:
+            job = task.schedule(
+                (cell, args.name),
+                delay=args.delay,
+                priority=args.priority,
+                key=args.key,
+                queue=args.queue,
+                max_retries=args.retries,
+            )
+        except NbqueueError as exc:
+            raise UsageError(f"%%enqueue: {exc}") from None
+        return self._maybe_wait(job, args.wait)
+
+    @magic_arguments(name="worker")
+    @argument("action", nargs="?", default="status", choices=["start", "stop", "status"])
+    @argument("--concurrency", "-c", type=int, default=1, help="jobs at once")
+    @argument("--queues", default=None, help="comma-separated queue names (default all)")
+    @argument("--lease", type=float, default=60.0, help="claim lease in seconds")
+    @line_magic("worker")
+    def worker_magic(self, line: str) -> dict[str, Any]:
+        """%worker start [--concurrency N] [--queues a,b] | stop | status."""
+        args = parse_argstring(self.worker_magic, line)
+        if args.concurrency < 1:
+            raise UsageError("--concurrency must be at least 1")
+        if args.lease <= 0:
+            raise UsageError("--lease must be more than 0 seconds")
+        queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
+        try:
+            if args.action == "start":
+                self.session.start_worker(args.concurrency, queues, args.lease)
+            elif args.action == "stop":
+                self.session.stop_worker()
+        except NbqueueError as exc:
+            raise UsageError(str(exc)) from None
+        worker = self.session.worker
+        if worker is None:
+            return {"running": False}
+        return worker.status()
+
+    @magic_arguments(name="jobs")
+    @argument("--status", "-s", default=None, choices=[s.value for s in State])
+    @argument("--queue", "-q", default=None)
+    @argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    @line_magic("jobs")
+    def jobs_magic(self, line: str) -> Any:
+        """%jobs [--status S] [--queue Q]: the live job board."""
+        args = parse_argstring(self.jobs_magic, line)
+        if args.interval <= 0:
+            raise UsageError("--interval must be more than 0 seconds")
+        from .views import JobBoard  # noqa: PLC0415 - ipywidgets loads on first view
+
+        board = JobBoard(
+            self.session.current(), status=args.status, queue_name=args.queue, interval=args.interval
+        )
+        self.session.views.append(board)
+        return board
+
+    @magic_arguments(name="deadletters")
+    @argument("--queue", "-q", default=None)
+    @line_magic("deadletters")
+    def deadletters_magic(self, line: str) -> Any:
+        """%deadletters [--queue Q]: dead jobs with Requeue and Delete buttons."""
+        args = parse_argstring(self.deadletters_magic, line)
+        from .views import DeadLetterView  # noqa: PLC0415
+
+        view = DeadLetterView(self.session.current(), queue_name=args.queue)
+        self.session.views.append(view)
+        return view
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _parse_call(self, source: str) -> tuple[Task[Any, Any], tuple[Any, ...], dict[str, Any]]:
+        """`f(a, b=c)` -> the task for f and the evaluated arguments."""
+        try:
+            node = ast.parse(source, mode="eval").body
+        except SyntaxError as exc:
+            raise UsageError(f"%enqueue: {source!r} is not a call: {exc.msg}") from None
+        if not isinstance(node, ast.Call):
+            raise UsageError(f"%enqueue takes a function call like f(1, x=2), not {source!r}")
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            raise UsageError("%enqueue: write the arguments out; *args and **kwargs are not supported")
+        ns = self.shell.user_ns
+        name = ast.unparse(node.func)
+        try:
+            fn = eval(compile(ast.Expression(node.func), "<%enqueue>", "eval"), ns)
+        except NameError:
+            raise UsageError(f"%enqueue: {name!r} is not defined in this notebook") from None
+        except Exception as exc:
+            raise UsageError(f"%enqueue: cannot find {name!r}: {exc!r}") from None
+        try:
+            call_args = tuple(eval(compile(ast.Expression(a), "<%enqueue>", "eval"), ns) for a in node.args)
+            call_kwargs = {
+                k.arg: eval(compile(ast.Expression(k.value), "<%enqueue>", "eval"), ns)
+                for k in node.keywords
+                if k.arg is not None
+            }
+        except Exception as exc:
+            raise UsageError(f"%enqueue: evaluating the arguments failed: {exc!r}") from None
+        return self._task_for(fn, ast.unparse(node.func)), call_args, call_kwargs
+
+    def _task_for(self, fn: Any, name: str) -> Task[Any, Any]:
+        if isinstance(fn, Task):
+            return fn
+        if not callable(fn):
+            raise UsageError(f"%enqueue: {name} is a {type(fn).__name__}, not a function")
+        # A plain notebook function becomes a task on the fly, under its own name. The
+        # handler looks the name up when the job runs, so redefining the function in the
+        # notebook and requeueing a dead job runs the fixed code.
+        task_name = getattr(fn, "__name__", name)
+        handler = _LatestDefinition(self.shell.user_ns, name if name.isidentifier() else "", fn)
+        task: Task[Any, Any] = self.session.current().task(name=task_name)(handler)
+        return task
+
+    def _maybe_wait(self, job: Job, wait: bool) -> Job:
+        if wait:
+            if self.session.worker is None or not self.session.worker.running:
+                raise UsageError(
+                    f"%enqueue --wait: job {job.id} is queued, but no worker runs (%worker start)"
+                )
+            self.session.current().wait([job], progress=False)
+            job.refresh()
+        return job

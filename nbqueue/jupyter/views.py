@@ -1,0 +1,367 @@
+"""The live job board and the dead-letter view (ipywidgets).
+
+A timer thread refreshes each view by reading the queue and setting widget
+values; it never displays anything, so no output lands in a running cell.
+Tables are paged in SQL, so a view of a million-job queue stays fast.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import threading
+from typing import Any
+
+import ipywidgets as widgets
+
+from ..errors import NbqueueError
+from ..jobs import Job, State
+from ..queue import Queue
+
+log = logging.getLogger("nbqueue.views")
+
+COLOURS = {
+    State.PENDING: "#6c757d",
+    State.RUNNING: "#0d6efd",
+    State.COMPLETED: "#198754",
+    State.FAILED: "#fd7e14",
+    State.DEAD: "#dc3545",
+    State.CANCELLED: "#adb5bd",
+}
+ALL = "all"
+
+
+def _pill(state: State, n: int) -> str:
+    return (
+        f"<span class='nbqueue-count' data-state='{state.value}' data-count='{n}' "
+        f"style='display:inline-block;margin:0 6px 4px 0;padding:2px 10px;border-radius:12px;"
+        f"background:{COLOURS[state]};color:white;font-weight:600'>{state.value} {n}</span>"
+    )
+
+
+def _last_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[-1:][0] if (text or "").strip() else ""
+
+
+def _when(job: Job) -> str:
+    return job.updated_at.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def jobs_table(jobs: list[Job]) -> str:
+    """An HTML table of jobs (escaped), one row each."""
+    head = "".join(
+        f"<th style='text-align:left;padding:2px 8px'>{h}</th>"
+        for h in ("id", "task", "queue", "status", "runs", "updated (UTC)", "last error")
+    )
+    rows = []
+    for job in jobs:
+        cells = (
+            str(job.id),
+            job.task or "(payload)",
+            job.queue,
+            f"<span style='color:{COLOURS[job.status]};font-weight:600'>{job.status.value}</span>",
+            f"{job.attempts}",
+            _when(job),
+            html.escape(_last_line(job.error)[:120]),
+        )
+        escaped = [html.escape(c) if i in (1, 2) else c for i, c in enumerate(cells)]
+        rows.append(
+            f"<tr data-job-id='{job.id}'>"
+            + "".join(f"<td style='text-align:left;padding:2px 8px'>{c}</td>" for c in escaped)
+            + "</tr>"
+        )
+    body = "".join(rows) or "<tr><td colspan='7' style='padding:2px 8px'><i>no jobs</i></td></tr>"
+    return f"<table class='nbqueue-jobs'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def job_detail(job: Job | None) -> str:
+    """Everything about one job: payload, result, error traceback, attempts, output."""
+    if job is None:
+        return "<i>select a job to see its details</i>"
+
+    def block(title: str, text: str | None) -> str:
+        if not text:
+            return ""
+        return (
+            f"<div><b>{title}</b><pre style='white-space:pre-wrap;max-height:16em;overflow:auto;"
+            f"background:#f6f8fa;padding:6px'>{html.escape(text)}</pre></div>"
+        )
+
+    facts = (
+        f"<b>job {job.id}</b> · {html.escape(job.task or '(payload)')} · queue "
+        f"{html.escape(job.queue)} · <span style='color:{COLOURS[job.status]}'>{job.status.value}</span>"
+        f" · runs {job.attempts} · retries {job.retries}/{job.max_retries} · priority {job.priority}"
+        f" · run at {job.run_at:%Y-%m-%d %H:%M:%S} UTC"
+    )
+    return (
+        f"<div class='nbqueue-detail' data-job-id='{job.id}'>{facts}"
+        + block("payload", json.dumps(job.payload, indent=2, ensure_ascii=False))
+        + block("result", job.result_json)
+        + block("error", job.error)
+        + block("output", job.output)
+        + "</div>"
+    )
+
+
+class _LiveView(widgets.VBox):  # type: ignore[misc]
+    """A VBox refreshed by a timer thread until it is closed."""
+
+    def __init__(self, queue: Queue, interval: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.queue = queue
+        self.interval = interval
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._timer: threading.Thread | None = None
+
+    def _start_timer(self) -> None:
+        if self.interval and self._timer is None:
+            self._timer = threading.Thread(target=self._tick, name="nbqueue-view", daemon=True)
+            self._timer.start()
+
+    def _tick(self) -> None:
+        failures = 0
+        while not self._closed.wait(self.interval):
+            try:
+                self.refresh()
+                failures = 0
+            except Exception:  # a view must never kill the kernel's threads
+                failures += 1
+                log.exception("refreshing %s failed", type(self).__name__)
+                if failures >= 5:
+                    return
+
+    def refresh(self) -> None:
+        """Re-read the queue and update the widgets."""
+        raise NotImplementedError
+
+    @property
+    def live(self) -> bool:
+        """True while the refresh timer runs."""
+        return self._timer is not None and self._timer.is_alive()
+
+    def close(self) -> None:
+        """Stop refreshing and close the widgets."""
+        self._closed.set()
+        super().close()
+
+
+class JobBoard(_LiveView):
+    """Counts per state, progress, a paged table of recent jobs and one job's details."""
+
+    def __init__(
+        self,
+        queue: Queue,
+        *,
+        status: str | None = None,
+        queue_name: str | None = None,
+        interval: float = 1.0,
+        page_size: int = 15,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(queue, interval, **kwargs)
+        self.page_size = page_size
+        self.page = 0
+        self._updating = False
+        self.counts: dict[str, int] = {}
+        self.rows: list[Job] = []
+        self.title = widgets.HTML(
+            f"<b>nbqueue</b> <code>{html.escape(str(queue.target))}</code>", layout={"margin": "0"}
+        )
+        self.counts_html = widgets.HTML()
+        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="done", bar_style="success")
+        self.progress_label = widgets.HTML()
+        self.status_filter = widgets.Dropdown(
+            options=[ALL, *(s.value for s in State)], value=status or ALL, description="status"
+        )
+        self.queue_filter = widgets.Dropdown(options=[ALL], value=ALL, description="queue")
+        if queue_name:  # a queue with no jobs yet is still a valid filter
+            self.queue_filter.options = [ALL, queue_name]
+            self.queue_filter.value = queue_name
+        self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
+        self.newer = widgets.Button(description="Newer", icon="arrow-left", disabled=True)
+        self.older = widgets.Button(description="Older", icon="arrow-right")
+        self.page_label = widgets.HTML()
+        self.table = widgets.HTML()
+        self.job_select = widgets.Dropdown(options=[("-", None)], value=None, description="job")
+        self.detail = widgets.HTML()
+        self.children = [
+            self.title,
+            self.counts_html,
+            widgets.HBox([self.progress, self.progress_label]),
+            widgets.HBox([self.status_filter, self.queue_filter, self.refresh_button]),
+            self.table,
+            widgets.HBox([self.newer, self.page_label, self.older]),
+            self.job_select,
+            self.detail,
+        ]
+        self.add_class("nbqueue-board")
+        self.status_filter.observe(self._filter_changed, names="value")
+        self.queue_filter.observe(self._filter_changed, names="value")
+        self.job_select.observe(lambda _change: self._show_detail(), names="value")
+        self.refresh_button.on_click(lambda _b: self.refresh())
+        self.newer.on_click(lambda _b: self._turn(-1))
+        self.older.on_click(lambda _b: self._turn(+1))
+        self.refresh()
+        self._start_timer()
+
+    def _filter_changed(self, _change: Any) -> None:
+        if self._updating:  # our own refresh changed the options; not the person
+            return
+        self.page = 0
+        self.refresh()
+
+    def _turn(self, step: int) -> None:
+        self.page = max(0, self.page + step)
+        self.refresh()
+
+    def refresh(self) -> None:
+        with self._lock:
+            status = None if self.status_filter.value == ALL else self.status_filter.value
+            queue = None if self.queue_filter.value == ALL else self.queue_filter.value
+            everywhere = self.queue.counts()
+            counts = everywhere if queue is None else self.queue.counts(queue)
+            matching = sum(counts.values()) if status is None else counts[status]
+            pages = max(1, -(-matching // self.page_size))
+            self.page = min(self.page, pages - 1)
+            rows = self.queue.jobs(status, queue, self.page_size, self.page * self.page_size)
+            names = [ALL, *self.queue.queues()]
+            if queue and queue not in names:
+                names.append(queue)
+            if list(self.queue_filter.options) != names:
+                self._updating = True
+                try:
+                    self.queue_filter.options = names
+                    self.queue_filter.value = queue or ALL
+                finally:
+                    self._updating = False
+            self.counts, self.rows = counts, rows
+            self.counts_html.value = "".join(_pill(s, counts[s.value]) for s in State)
+            total = sum(counts.values())
+            done = sum(counts[s] for s in ("completed", "dead", "cancelled"))
+            self.progress.max = max(total, 1)
+            self.progress.value = done
+            self.progress_label.value = (
+                f"&nbsp;{done} of {total} finished · {counts['running']} running · "
+                f"{counts['pending'] + counts['failed']} waiting"
+            )
+            self.table.value = jobs_table(rows)
+            self.page_label.value = f"&nbsp;page {self.page + 1} of {pages} ({matching} jobs)&nbsp;"
+            self.newer.disabled = self.page == 0
+            self.older.disabled = self.page >= pages - 1
+            options = [("-", None)] + [
+                (f"#{j.id} {j.task or 'payload'} ({j.status.value})", j.id) for j in rows
+            ]
+            if list(self.job_select.options) != options:
+                chosen = self.job_select.value
+                self.job_select.options = options
+                self.job_select.value = chosen if chosen in [o[1] for o in options] else None
+            self._show_detail()
+
+    def select(self, job_id: int | None) -> None:
+        """Show one job's details (it must be on the current page)."""
+        self.job_select.value = job_id
+
+    def _show_detail(self) -> None:
+        job_id = self.job_select.value
+        try:
+            job = None if job_id is None else self.queue.get(job_id)
+        except NbqueueError:
+            job = None
+        self.detail.value = job_detail(job)
+
+
+class DeadLetterView(_LiveView):
+    """The dead jobs, their tracebacks, and buttons that requeue or delete them."""
+
+    def __init__(
+        self,
+        queue: Queue,
+        *,
+        queue_name: str | None = None,
+        interval: float = 2.0,
+        limit: int = 200,
+        **kw: Any,
+    ) -> None:
+        super().__init__(queue, interval, **kw)
+        self.queue_name = queue_name
+        self.limit = limit
+        self.jobs: list[Job] = []
+        self.header = widgets.HTML()
+        self.select = widgets.SelectMultiple(options=[], rows=8, layout={"width": "100%"})
+        self.requeue_selected = widgets.Button(description="Requeue selected", button_style="primary")
+        self.requeue_all = widgets.Button(description="Requeue all", button_style="warning")
+        self.delete_selected = widgets.Button(description="Delete selected", button_style="danger")
+        self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
+        self.message = widgets.HTML()
+        self.table = widgets.HTML()
+        self.traceback = widgets.HTML()
+        self.children = [
+            self.header,
+            self.table,
+            self.select,
+            widgets.HBox(
+                [self.requeue_selected, self.requeue_all, self.delete_selected, self.refresh_button]
+            ),
+            self.message,
+            self.traceback,
+        ]
+        self.add_class("nbqueue-deadletters")
+        self.requeue_selected.on_click(lambda _b: self._act("requeue", list(self.select.value)))
+        self.requeue_all.on_click(lambda _b: self._act("requeue", None))
+        self.delete_selected.on_click(lambda _b: self._act("delete", list(self.select.value)))
+        self.refresh_button.on_click(lambda _b: self.refresh())
+        self.select.observe(lambda _change: self._show_traceback(), names="value")
+        self.refresh()
+        self._start_timer()
+
+    def refresh(self) -> None:
+        with self._lock:
+            jobs = self.queue.jobs(State.DEAD, self.queue_name, self.limit)
+            total = self.queue.counts(self.queue_name)["dead"]
+            self.jobs = jobs
+            self.header.value = (
+                f"<b>dead letters</b> <span class='nbqueue-dead-count' data-count='{total}'>{total}</span>"
+                f" in <code>{html.escape(str(self.queue.target))}</code>"
+                + (f" (showing the newest {len(jobs)})" if total > len(jobs) else "")
+            )
+            options = [(f"#{j.id} {j.task or 'payload'}: {_last_line(j.error)[:90]}", j.id) for j in jobs]
+            if list(self.select.options) != options:
+                keep = tuple(v for v in self.select.value if v in {j.id for j in jobs})
+                self.select.options = options
+                self.select.value = keep
+            self.table.value = jobs_table(jobs)
+            for button in (self.requeue_selected, self.delete_selected):
+                button.disabled = not self.select.value
+            self.requeue_all.disabled = not jobs
+            self._show_traceback()
+
+    def _show_traceback(self) -> None:
+        chosen = list(self.select.value)
+        for button in (self.requeue_selected, self.delete_selected):
+            button.disabled = not chosen
+        job = next((j for j in self.jobs if chosen and j.id == chosen[0]), None)
+        self.traceback.value = job_detail(job) if job else "<i>select dead jobs to see their tracebacks</i>"
+
+    def _act(self, action: str, ids: list[int] | None) -> None:
+        with self._lock:
+            try:
+                if action == "requeue" and ids is None:
+                    if self.queue_name is None:
+                        n = self.queue.requeue(None)
+                    else:  # only this view's queue
+                        dead = self.queue.jobs(State.DEAD, self.queue_name, limit=10**9)
+                        n = self.queue.requeue([j.id for j in dead]) if dead else 0
+                    text = f"requeued {n} job(s)"
+                elif not ids:
+                    text = "select jobs first"
+                elif action == "requeue":
+                    text = f"requeued {self.queue.requeue(ids)} job(s)"
+                else:
+                    text = f"deleted {self.queue.delete(ids)} job(s)"
+                self.message.value = f"<span class='nbqueue-message'>{html.escape(text)}</span>"
+            except NbqueueError as exc:
+                self.message.value = f"<span style='color:#dc3545'>{html.escape(str(exc))}</span>"
+            self.select.value = ()
+            self.refresh()

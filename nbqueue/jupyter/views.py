@@ -30,6 +30,7 @@ COLOURS = {
     State.CANCELLED: "#adb5bd",
 }
 ALL = "all"
+NO_JOB = "choose a job…"
 
 
 def _pill(state: State, n: int) -> str:
@@ -48,6 +49,13 @@ def _when(job: Job) -> str:
     return job.updated_at.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _error_cell(job: Job) -> str:
+    error = html.escape(_last_line(job.error)[:120])
+    if error and job.status is State.COMPLETED:  # kept in history; say it is not current
+        return f"<span style='color:#6c757d;font-style:italic'>earlier run: {error}</span>"
+    return error
+
+
 def jobs_table(jobs: list[Job]) -> str:
     """An HTML table of jobs (escaped), one row each."""
     head = "".join(
@@ -63,7 +71,7 @@ def jobs_table(jobs: list[Job]) -> str:
             f"<span style='color:{COLOURS[job.status]};font-weight:600'>{job.status.value}</span>",
             f"{job.attempts}",
             _when(job),
-            html.escape(_last_line(job.error)[:120]),
+            _error_cell(job),
         )
         escaped = [html.escape(c) if i in (1, 2) else c for i, c in enumerate(cells)]
         rows.append(
@@ -184,7 +192,7 @@ class JobBoard(_LiveView):
         self.older = widgets.Button(description="Older", icon="arrow-right")
         self.page_label = widgets.HTML()
         self.table = widgets.HTML()
-        self.job_select = widgets.Dropdown(options=[("-", None)], value=None, description="job")
+        self.job_select = widgets.Dropdown(options=[(NO_JOB, 0)], value=0, description="job")
         self.detail = widgets.HTML()
         self.children = [
             self.title,
@@ -250,23 +258,23 @@ class JobBoard(_LiveView):
             self.page_label.value = f"&nbsp;page {self.page + 1} of {pages} ({matching} jobs)&nbsp;"
             self.newer.disabled = self.page == 0
             self.older.disabled = self.page >= pages - 1
-            options = [("-", None)] + [
+            options = [(NO_JOB, 0)] + [
                 (f"#{j.id} {j.task or 'payload'} ({j.status.value})", j.id) for j in rows
             ]
             if list(self.job_select.options) != options:
                 chosen = self.job_select.value
                 self.job_select.options = options
-                self.job_select.value = chosen if chosen in [o[1] for o in options] else None
+                self.job_select.value = chosen if chosen in [o[1] for o in options] else 0
             self._show_detail()
 
     def select(self, job_id: int | None) -> None:
-        """Show one job's details (it must be on the current page)."""
-        self.job_select.value = job_id
+        """Show one job's details (it must be on the current page); None clears."""
+        self.job_select.value = job_id or 0
 
     def _show_detail(self) -> None:
         job_id = self.job_select.value
         try:
-            job = None if job_id is None else self.queue.get(job_id)
+            job = self.queue.get(job_id) if job_id else None
         except NbqueueError:
             job = None
         self.detail.value = job_detail(job)
@@ -289,7 +297,9 @@ class DeadLetterView(_LiveView):
         self.limit = limit
         self.jobs: list[Job] = []
         self.header = widgets.HTML()
-        self.select = widgets.SelectMultiple(options=[], rows=8, layout={"width": "100%"})
+        self.select = widgets.SelectMultiple(
+            options=[], rows=3, description="select", layout={"width": "auto", "min_width": "50%"}
+        )
         self.requeue_selected = widgets.Button(description="Requeue selected", button_style="primary")
         self.requeue_all = widgets.Button(description="Requeue all", button_style="warning")
         self.delete_selected = widgets.Button(description="Delete selected", button_style="danger")
@@ -326,7 +336,8 @@ class DeadLetterView(_LiveView):
                 f" in <code>{html.escape(str(self.queue.target))}</code>"
                 + (f" (showing the newest {len(jobs)})" if total > len(jobs) else "")
             )
-            options = [(f"#{j.id} {j.task or 'payload'}: {_last_line(j.error)[:90]}", j.id) for j in jobs]
+            options = [(f"#{j.id} {j.task or 'payload'}: {_last_line(j.error)[:70]}", j.id) for j in jobs]
+            self.select.rows = min(max(len(jobs), 2), 8)
             if list(self.select.options) != options:
                 keep = tuple(v for v in self.select.value if v in {j.id for j in jobs})
                 self.select.options = options

@@ -1,0 +1,393 @@
+"""The job board and the dead-letter view in a real JupyterLab, driven by headless Chromium.
+
+A fresh JupyterLab server (temp config, data, runtime, workspace, IPython and HOME
+dirs; a free port; no token) serves a copy of `board.ipynb`. Playwright runs all
+cells, checks that the board's rendered counts match the SQLite file, clicks
+"Requeue all" in the dead-letter view and waits for the board to show every job
+completed. Any error output, "Error displaying widget" or browser console error
+fails the test. Only the server this test started is stopped, by its process id.
+
+Screenshots go to the test's temp dir; with NBQUEUE_UPDATE_SCREENSHOTS=1 they are
+also copied to docs/board.png and docs/deadletters.png (the README's images).
+Without /usr/bin/chromium the test is skipped, except under CI, where it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+import nbqueue
+
+CHROMIUM = "/usr/bin/chromium"
+# The flags that worked on this machine (design/JUPYTER.md, section 5).
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+HERE = Path(__file__).resolve().parent
+NOTEBOOK = HERE / "board.ipynb"
+DOCS = HERE.parent.parent / "docs"
+GOOD, BAD = 6, 3  # the notebook enqueues 6 jobs that succeed and 3 that die on their first run
+
+# Lab settings: no news or update checks, no autosave of the copy, and every cell kept in
+# the DOM (no windowing), so error text in any output can be found.
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+}
+
+# Reads the notebook's state in the page: cells still to run, the kernel status, and every
+# sign of a failure (error or stderr outputs in the model or the DOM, widget render errors).
+PAGE_STATE_JS = """() => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    const cells = panel.content.widgets.filter((c) => c.model.type === 'code');
+    const problems = [];
+    for (const [i, cell] of cells.entries()) {
+        const outputs = cell.model.outputs;
+        for (let k = 0; k < outputs.length; k++) {
+            const out = outputs.get(k).toJSON();
+            if (out.output_type === 'error') {
+                problems.push(`code cell ${i}: ${out.ename}: ${out.evalue}`);
+            } else if (out.output_type === 'stream' && out.name === 'stderr') {
+                problems.push(`code cell ${i} wrote to stderr: ${[].concat(out.text).join('')}`);
+            }
+        }
+    }
+    const sel = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]';
+    for (const el of document.querySelectorAll(sel)) problems.push(`stderr output: ${el.innerText}`);
+    for (const el of document.querySelectorAll('.jp-OutputArea-output')) {
+        if (el.innerText.includes('Error displaying widget')) problems.push(`widget: ${el.innerText}`);
+    }
+    // A widget whose model or view cannot be created renders as this error placeholder.
+    for (const el of document.querySelectorAll('.jupyter-widgets-error-widget')) {
+        problems.push(`widget failed to render: ${el.textContent.trim() || el.outerHTML.slice(0, 300)}`);
+    }
+    return {
+        unrun: cells.filter((c) => !c.model.executionCount).length,
+        kernel: panel.sessionContext.session?.kernel?.status ?? null,
+        problems,
+    };
+}"""
+
+BOARD_COUNTS_JS = """() => Object.fromEntries(
+    [...document.querySelectorAll('.nbqueue-board .nbqueue-count')]
+        .map((el) => [el.dataset.state, Number(el.dataset.count)]))"""
+
+
+def _need(condition: bool, reason: str) -> None:
+    """Skip when the browser stack is missing, but never in CI: there it is a failure."""
+    if condition:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so the UI test must run, not skip)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
+    """Poll until `check()` is truthy and return it; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within {timeout} s")
+        time.sleep(every)
+
+
+def _db_counts(path: Path) -> dict[str, int]:
+    q = nbqueue.Queue(str(path))
+    try:
+        return q.counts()
+    finally:
+        q.close()
+
+
+@dataclass
+class Lab:
+    """A running JupyterLab server this test started."""
+
+    url: str
+    root: Path
+    db: Path
+    log: Path
+    proc: subprocess.Popen[bytes]
+    home: Path
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _write_lab_settings(config_dir: Path) -> None:
+    for plugin, values in LAB_SETTINGS.items():
+        package, name = plugin.rsplit("/", 1)
+        target = config_dir / "lab" / "user-settings" / package / f"{name}.jupyterlab-settings"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(values))
+
+
+def _stop(lab: Lab) -> None:
+    """Stop the server we started, by its pid; SIGTERM makes it shut its kernels down too."""
+    import psutil  # an ipykernel dependency
+
+    try:
+        kernels = [c.pid for c in psutil.Process(lab.proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        kernels = []
+    lab.proc.terminate()
+    try:
+        lab.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        lab.proc.kill()
+        lab.proc.wait(timeout=10)
+    # Its kernels are our processes too: make sure none outlives the server.
+    leftovers = [p for pid in kernels if (p := _process(pid)) is not None]
+    _gone, alive = psutil.wait_procs(leftovers, timeout=10)
+    for proc in alive:
+        proc.kill()
+
+
+def _process(pid: int) -> Any:
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+@contextmanager
+def running_lab(tmp_path: Path) -> Iterator[Lab]:
+    """A fresh JupyterLab on a copy of board.ipynb, with every Jupyter dir in tmp_path."""
+    dirs = {name: tmp_path / name for name in ("root", "config", "data", "runtime", "ws", "ipython", "home")}
+    for d in dirs.values():
+        d.mkdir()
+    shutil.copy(NOTEBOOK, dirs["root"] / NOTEBOOK.name)
+    _write_lab_settings(dirs["config"])
+    # A short path for the queue file: the views show it, and the screenshots go in the README.
+    short = Path(tempfile.mkdtemp(prefix="nbqueue-ui-"))
+    db = short / "jobs.db"
+    port = _free_port()
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(dirs["config"]),
+        "JUPYTER_DATA_DIR": str(dirs["data"]),
+        "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
+        "JUPYTERLAB_WORKSPACES_DIR": str(dirs["ws"]),
+        "IPYTHONDIR": str(dirs["ipython"]),
+        "HOME": str(dirs["home"]),
+        # Kernelspecs of this environment first; jupyter_client then runs the "python3"
+        # kernel with the server's interpreter, i.e. this venv's python (checked in the notebook).
+        "JUPYTER_PREFER_ENV_PATH": "1",
+        "NBQUEUE_UI_DB": str(db),
+        "NBQUEUE_UI_PREFIX": sys.prefix,
+    }
+    env.pop("JUPYTER_PATH", None)
+    env.pop("JUPYTER_CONFIG_PATH", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--allow-root",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        "--ServerApp.token=",
+        "--ServerApp.password=",
+        f"--ServerApp.root_dir={dirs['root']}",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.news_url=None",
+    ]
+    log = tmp_path / "lab.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=dirs["root"])
+    server = Lab(f"http://127.0.0.1:{port}", dirs["root"], db, log, proc, dirs["home"])
+    try:
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"jupyter-lab exited with {proc.returncode}:\n{server.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{server.url}/api/status", timeout=2) as r:
+                    return r.status == 200
+            except (urllib.error.URLError, OSError):
+                return False
+
+        _wait_for(up, 30, "JupyterLab answering /api/status")
+        yield server
+    finally:
+        _stop(server)
+        shutil.rmtree(short, ignore_errors=True)
+
+
+class Browser:
+    """Headless Debian Chromium on one Lab page, recording console errors."""
+
+    def __init__(self, context: Any, lab: Lab) -> None:
+        self.context = context
+        self.lab = lab
+        self.errors: list[str] = []
+        self.page = context.pages[0] if context.pages else context.new_page()
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+
+    def _console(self, msg: Any) -> None:
+        if msg.type != "error":
+            return
+        # Ignore rule: a failed fetch of a resource on another host (nothing on this page
+        # should go out, but an offline machine must not fail the test for it). Errors
+        # located on the Lab server itself, or with no location, always count.
+        where = (msg.location or {}).get("url") or ""
+        host = urlparse(where).hostname
+        if host and host not in ("127.0.0.1", "localhost") and "Failed to load resource" in msg.text:
+            return
+        self.errors.append(f"console: {msg.text} ({where})")
+
+    def state(self) -> dict[str, Any]:
+        return dict(self.page.evaluate(PAGE_STATE_JS))
+
+    def check(self) -> None:
+        problems = self.state()["problems"]
+        assert not problems, "the notebook shows errors:\n" + "\n".join(problems)
+        assert not self.errors, "browser console errors:\n" + "\n".join(self.errors)
+
+    def board_counts(self) -> dict[str, int]:
+        return dict(self.page.evaluate(BOARD_COUNTS_JS))
+
+
+def _require_browser_stack() -> Any:
+    """Playwright's sync_playwright, once Chromium and playwright are known to be there."""
+    _need(os.path.exists(CHROMIUM), f"{CHROMIUM} is missing (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _need(False, "the playwright package is missing (pip install playwright)")
+        raise
+    return sync_playwright
+
+
+@contextmanager
+def headless_chromium(sync_playwright: Any, lab: Lab, tmp_path: Path) -> Iterator[Browser]:
+    """Debian's Chromium through Playwright (never a downloaded browser), with a temp profile."""
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+            env={**os.environ, "HOME": str(lab.home)},
+        )
+        try:
+            context.set_default_timeout(20_000)
+            yield Browser(context, lab)
+        finally:
+            context.close()
+
+
+def _save(locator: Any, shots: Path, name: str) -> Path:
+    path = shots / name
+    locator.scroll_into_view_if_needed()
+    locator.screenshot(path=str(path), animations="disabled")
+    if os.environ.get("NBQUEUE_UPDATE_SCREENSHOTS") == "1":
+        DOCS.mkdir(exist_ok=True)
+        shutil.copy(path, DOCS / name)
+    return path
+
+
+@pytest.mark.ui
+def test_board_and_dead_letters_in_jupyterlab(tmp_path: Path) -> None:
+    # Checked in the test, not in a fixture, so that under CI a missing browser is a FAILED test.
+    sync_playwright = _require_browser_stack()
+    with running_lab(tmp_path) as lab, headless_chromium(sync_playwright, lab, tmp_path) as browser:
+        _drive(lab, browser, tmp_path)
+
+
+def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
+    page = browser.page
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    try:
+        page.goto(f"{lab.url}/lab/tree/{NOTEBOOK.name}?reset")
+        page.wait_for_function(
+            "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel?.status"
+            " === 'idle'",
+            timeout=30_000,
+        )
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+        # Every code cell ran and the kernel is idle; fail at once on any error sign.
+        def ran() -> bool:
+            browser.check()
+            state = browser.state()
+            return state["unrun"] == 0 and state["kernel"] == "idle"
+
+        _wait_for(ran, 30, "all cells executed")
+
+        board = page.locator(".nbqueue-board")
+        dead_view = page.locator(".nbqueue-deadletters")
+        board.wait_for(state="visible")
+        dead_view.wait_for(state="visible")
+        browser.check()
+
+        # The board shows what the SQLite file holds.
+        db = _db_counts(lab.db)
+        assert db["completed"] == GOOD and db["dead"] == BAD, db
+        assert browser.board_counts() == db
+        dead_count = dead_view.locator(".nbqueue-dead-count")
+        assert dead_count.get_attribute("data-count") == str(BAD)
+        assert dead_view.locator("table.nbqueue-jobs tbody tr").count() == BAD
+        _save(dead_view, shots, "deadletters.png")
+
+        dead_view.get_by_role("button", name="Requeue all").click()
+        dead_view.locator(".nbqueue-message", has_text=f"requeued {BAD} job(s)").wait_for()
+
+        # The board refreshes itself every second; the flaky jobs pass on their second run.
+        want = {**{state.value: 0 for state in nbqueue.State}, "completed": GOOD + BAD}
+
+        def all_done() -> bool:
+            browser.check()
+            return browser.board_counts() == want and _db_counts(lab.db) == want
+
+        _wait_for(all_done, 20, f"board and database showing {want}", every=0.25)
+        _wait_for(lambda: dead_count.get_attribute("data-count") == "0", 10, "dead-letter count 0")
+        _save(board, shots, "board.png")
+        browser.check()
+    except BaseException:
+        page.screenshot(path=str(shots / "failure.png"), full_page=True)
+        print(f"screenshots in {shots}\n--- jupyter-lab log ---\n{lab.log_tail()}")
+        raise
+    print(f"screenshots in {shots}")

@@ -69,16 +69,22 @@ class Queue:
 
     # -- time ------------------------------------------------------------------
 
-    def _now(self) -> int:
-        if self.clock is system_clock:
-            server = self.storage.now()
-            if server is not None:
-                return server
+    def _now(self) -> int | None:
+        """The time to hand to storage: None lets a server backend use its own clock."""
+        if self.clock is system_clock and self.storage.server_clock:
+            return None
         return to_us(self.clock())
+
+    def _clock_us(self) -> int:
+        """The current time as a number, from the same clock storage uses."""
+        now = self._now()
+        if now is None:
+            now = self.storage.now()
+        return now if now is not None else to_us(self.clock())
 
     def now(self) -> datetime:
         """The queue's current time (UTC)."""
-        return from_us(self._now())  # type: ignore[return-value]
+        return from_us(self._clock_us())  # type: ignore[return-value]
 
     # -- producing -------------------------------------------------------------
 
@@ -194,6 +200,7 @@ class Queue:
                 first.delay_us,
                 None,
                 first.backoff,
+                first.run_at_us,
             )
             for i, p in enumerate(payloads)
         ]
@@ -259,12 +266,11 @@ class Queue:
         if key is not None:
             _check_name(key, "key")
         delay_s = seconds(delay, "delay")
+        run_at_us = None
         if run_at is not None:
             if delay_s is not None:
                 raise InvalidArgument("give delay or run_at, not both")
-            delay_us = to_us(utc_seconds(run_at, "run_at")) - self._now()
-        else:
-            delay_us = to_us(delay_s or 0.0)
+            run_at_us = to_us(utc_seconds(run_at, "run_at"))
         return NewJob(
             queue=queue,
             task=task,
@@ -272,7 +278,8 @@ class Queue:
             priority=_check_priority(priority),
             key=key,
             max_retries=_check_retries(max_retries),
-            delay_us=delay_us,
+            delay_us=to_us(delay_s or 0.0),
+            run_at_us=run_at_us,
             timeout=seconds(timeout, "timeout"),
             backoff=backoff,
         )
@@ -280,7 +287,7 @@ class Queue:
     def _insert_one(self, new: NewJob) -> Job:
         now = self._now()
         [(job_id, created)] = self.storage.insert([new], now)
-        if not created:  # an unfinished job already holds the key: that job is the answer
+        if not created or now is None:  # a held key's job, or server time: read it back
             return self.get(job_id)
         stamp = from_us(now)
         assert stamp is not None
@@ -297,7 +304,9 @@ class Queue:
                 max_retries=new.max_retries,
                 attempts=0,
                 error=None,
-                run_at=stamp + timedelta(microseconds=new.delay_us),
+                run_at=from_us(new.run_at_us)
+                if new.run_at_us is not None  # type: ignore[arg-type]
+                else stamp + timedelta(microseconds=new.delay_us),
                 created_at=stamp,
                 updated_at=stamp,
                 timeout=new.timeout,
@@ -351,7 +360,7 @@ class Queue:
         if not done:
             raise self._lease_lost(job, "complete")
         job.status, job.result_json, job.output = State.COMPLETED, text, output
-        job.finished_at = job.updated_at = from_us(now)  # type: ignore[assignment]
+        job.finished_at = job.updated_at = from_us(now if now is not None else to_us(time.time()))  # type: ignore[assignment]
         job.lease_until = None
         return self._attach(following) if following else None
 
@@ -491,7 +500,7 @@ class Queue:
                     f"purge removes finished jobs (completed, dead, cancelled), not {s.value} ones"
                 )
         age = seconds(older_than, "older_than") or 0.0
-        return self.storage.purge(statuses, self._now() - to_us(age) + (0 if age else 1))
+        return self.storage.purge(statuses, to_us(age), self._now())
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Jobs per state, every state present: {"pending": n, "running": n, ...}."""

@@ -145,7 +145,7 @@ class Worker:
                 with self._state:
                     if self._busy == 0:
                         due = self.queue.storage.next_due(self._filter())
-                        if due is None or due > self.queue._now():
+                        if due is None or due > self.queue._clock_us():
                             return
                     self._state.wait(0.02)
                 self.queue.storage.notify()  # wake an idle thread for the due job
@@ -224,7 +224,7 @@ class Worker:
             due = None
         wait = IDLE_RECHECK
         if due is not None:
-            wait = min(wait, max(0.0, (due - self.queue._now()) / 1e6))
+            wait = min(wait, max(0.0, (due - self.queue._clock_us()) / 1e6))
         if wait > 0 and not self._stopping.is_set():
             self.queue.storage.wait_for_change(wait)
 

@@ -26,9 +26,10 @@ class NewJob:
     priority: int
     key: str | None
     max_retries: int
-    delay_us: int  # run_at = now + delay_us
+    delay_us: int  # run_at = now + delay_us ...
     timeout: float | None
     backoff: str
+    run_at_us: int | None = None  # ... unless an absolute run_at was given
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,17 +49,23 @@ class ClaimRequest(NamedTuple):
 
 
 class Storage(Protocol):
-    """What a backend must do. Every method is atomic and safe from many threads."""
+    """What a backend must do. Every method is atomic and safe from many threads.
 
-    def insert(self, jobs: Sequence[NewJob], now: int) -> list[tuple[int, bool]]:
+    `now` is the time in microseconds, or None for "use the server's own clock"
+    (only passed to a backend whose `server_clock` is True).
+    """
+
+    server_clock: bool
+
+    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
         """Write jobs in one transaction; (id, created) each. A held key returns its job."""
         ...
 
-    def claim(self, where: Filter, worker_id: str, lease_us: int, now: int) -> Job | None:
+    def claim(self, where: Filter, worker_id: str, lease_us: int, now: int | None) -> Job | None:
         """Atomically take the best due job: highest priority, then earliest run_at, then id."""
         ...
 
-    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int) -> int | None:
+    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
         """Extend a live lease (None = by the claim's lease); the new end, or None if lost."""
         ...
 
@@ -68,7 +75,7 @@ class Storage(Protocol):
         attempt: int,
         result: str,
         output: str | None,
-        now: int,
+        now: int | None,
         then_claim: ClaimRequest | None = None,
     ) -> tuple[bool, Job | None]:
         """Running -> completed under a live lease (False if it was lost).
@@ -85,7 +92,7 @@ class Storage(Protocol):
         output: str | None,
         status: State,
         delay_us: int,
-        now: int,
+        now: int | None,
         expired: bool = False,
     ) -> bool:
         """Running -> failed (due after delay_us) or dead, under the lease.
@@ -94,12 +101,12 @@ class Storage(Protocol):
         """
         ...
 
-    def release(self, job_id: int, attempt: int, now: int) -> bool:
+    def release(self, job_id: int, attempt: int, now: int | None) -> bool:
         """Running -> pending without counting a retry (graceful shutdown)."""
         ...
 
     def transition(
-        self, ids: Iterable[int] | None, sources: Sequence[State], target: State, now: int
+        self, ids: Iterable[int] | None, sources: Sequence[State], target: State, now: int | None
     ) -> list[int]:
         """Move jobs (None = every job in `sources`) to target; cancel and requeue."""
         ...
@@ -112,7 +119,7 @@ class Storage(Protocol):
         """The jobs among those ids that exist, in any order."""
         ...
 
-    def expired(self, now: int, limit: int) -> list[Job]:
+    def expired(self, now: int | None, limit: int) -> list[Job]:
         """Running jobs whose lease ended before now."""
         ...
 
@@ -120,8 +127,8 @@ class Storage(Protocol):
         """Delete those jobs among ids that are in one of `statuses`."""
         ...
 
-    def purge(self, statuses: Sequence[State], before: int) -> int:
-        """Delete jobs in `statuses` last updated before `before`."""
+    def purge(self, statuses: Sequence[State], older_than_us: int, now: int | None) -> int:
+        """Delete jobs in `statuses` not updated for `older_than_us` (0: all of them)."""
         ...
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
@@ -147,7 +154,7 @@ class Storage(Protocol):
         ...
 
     def now(self) -> int | None:
-        """The storage's own clock if it has one (a server), else None."""
+        """The server's clock in microseconds, or None for a backend without one."""
         ...
 
     def wait_for_change(self, timeout: float) -> None:

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..clock import from_us
+from ..clock import from_us, to_us
 from ..errors import (
     DatabaseFull,
     InvalidArgument,
@@ -124,6 +124,8 @@ def _is_locked(exc: sqlite3.Error) -> bool:
 
 class SQLiteStorage:
     """Jobs in one SQLite file; safe from many threads and processes."""
+
+    server_clock = False
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "normal") -> None:
         path = os.fspath(path)
@@ -253,7 +255,8 @@ class SQLiteStorage:
 
     # -- verbs -----------------------------------------------------------------
 
-    def insert(self, jobs: Sequence[NewJob], now: int) -> list[tuple[int, bool]]:
+    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
+        now = _stamp(now)
         rows = [
             (
                 j.queue,
@@ -262,7 +265,7 @@ class SQLiteStorage:
                 j.priority,
                 j.key,
                 j.max_retries,
-                now + j.delay_us,
+                now + j.delay_us if j.run_at_us is None else j.run_at_us,
                 now,
                 now,
                 j.timeout,
@@ -299,14 +302,16 @@ class SQLiteStorage:
         self.notify()
         return ids
 
-    def claim(self, where: Filter, worker_id: str, lease_us: int, now: int) -> Job | None:
+    def claim(self, where: Filter, worker_id: str, lease_us: int, now: int | None) -> Job | None:
+        now = _stamp(now)
         if where.tasks == ():  # a worker with no handlers: nothing it may take
             return None
         sql, params = _claim_statement(where, worker_id, lease_us, now)
         row = self._write(lambda conn: conn.execute(sql, params).fetchone())
         return None if row is None else _job(row)
 
-    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int) -> int | None:
+    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
+        now = _stamp(now)
         row = self._write(
             lambda conn: conn.execute(
                 "UPDATE nbqueue_jobs SET lease_until = ? + coalesce(?, lease_us), updated_at = ? "
@@ -323,9 +328,11 @@ class SQLiteStorage:
         attempt: int,
         result: str,
         output: str | None,
-        now: int,
+        now: int | None,
         then_claim: ClaimRequest | None = None,
     ) -> tuple[bool, Job | None]:
+        now = _stamp(now)
+
         def work(conn: sqlite3.Connection) -> tuple[bool, Job | None]:
             done = (
                 conn.execute(
@@ -352,9 +359,10 @@ class SQLiteStorage:
         output: str | None,
         status: State,
         delay_us: int,
-        now: int,
+        now: int | None,
         expired: bool = False,
     ) -> bool:
+        now = _stamp(now)
         lease_test = "lease_until <= ?" if expired else "lease_until > ?"
         finished = now if status is State.DEAD else None
         changed = self._write(
@@ -386,7 +394,8 @@ class SQLiteStorage:
             self.notify()
         return changed
 
-    def release(self, job_id: int, attempt: int, now: int) -> bool:
+    def release(self, job_id: int, attempt: int, now: int | None) -> bool:
+        now = _stamp(now)
         changed = self._write(
             lambda conn: (
                 conn.execute(
@@ -402,8 +411,9 @@ class SQLiteStorage:
         return changed
 
     def transition(
-        self, ids: Iterable[int] | None, sources: Sequence[State], target: State, now: int
+        self, ids: Iterable[int] | None, sources: Sequence[State], target: State, now: int | None
     ) -> list[int]:
+        now = _stamp(now)
         src_sql, src_params = _in("status", tuple(s.value for s in sources))
         if target is State.PENDING:  # requeue: a fresh start, the last error kept
             sets = "retries = 0, run_at = ?, lease_until = NULL, worker_id = NULL, finished_at = NULL"
@@ -452,7 +462,8 @@ class SQLiteStorage:
             out.extend(_job(r) for r in self._read(sql, chunk))
         return out
 
-    def expired(self, now: int, limit: int) -> list[Job]:
+    def expired(self, now: int | None, limit: int) -> list[Job]:
+        now = _stamp(now)
         rows = self._read(
             f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE status = 'running' AND lease_until <= ? "
             "ORDER BY lease_until LIMIT ?",
@@ -470,7 +481,9 @@ class SQLiteStorage:
             )
         )
 
-    def purge(self, statuses: Sequence[State], before: int) -> int:
+    def purge(self, statuses: Sequence[State], older_than_us: int, now: int | None) -> int:
+        now = _stamp(now)
+        before = now - older_than_us + (0 if older_than_us else 1)  # age 0: everything so far
         src_sql, src_params = _in("status", tuple(s.value for s in statuses))
         return self._write(
             lambda conn: (
@@ -594,6 +607,11 @@ def _claim_statement(where: Filter, worker_id: str, lease_us: int, now: int) -> 
     sql = _claim_sql(where.queues, None if where.tasks is None else len(tasks))
     picks = [now, *tasks] if where.queues is None else [p for q in where.queues for p in (q, now, *tasks)]
     return sql, [worker_id, now + lease_us, lease_us, now, now, *picks]
+
+
+def _stamp(now: int | None) -> int:
+    """SQLite has no server clock: None means this machine's clock."""
+    return to_us(time.time()) if now is None else now
 
 
 def _in(column: str, values: Sequence[str] | None) -> tuple[str, list[Any]]:

@@ -6,6 +6,8 @@ parametrise `queue_target` and run the same contract tests.
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,54 @@ def _isolated_registry() -> Iterator[None]:
         tasks._registry.update(saved)
 
 
+PG_SERVER = os.environ.get("NBQUEUE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def postgres_available() -> str | None:
+    """None if the test server answers, else why not."""
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_SERVER, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    """The PostgreSQL server URL; a missing server fails the test under CI, skips it elsewhere."""
+    problem = postgres_available()
+    if problem is not None:
+        message = f"PostgreSQL at {PG_SERVER} is not reachable: {problem}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return PG_SERVER
+
+
 @pytest.fixture
-def queue_target(tmp_path: Path) -> str:
-    """Where the queue under test lives (a fresh SQLite file per test)."""
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A queue URL in a schema of its own, dropped afterwards: runs never see each other's jobs."""
+    import psycopg
+
+    schema = f"nbq_test_{uuid.uuid4().hex[:12]}"
+    yield f"{pg_server}?schema={schema}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def queue_target(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """Where the queue under test lives: a fresh SQLite file, or a fresh PostgreSQL schema."""
+    if backend == "postgres":
+        return str(request.getfixturevalue("pg_url"))
     return str(tmp_path / "jobs.db")
 
 

@@ -8,12 +8,21 @@ delays are passed as durations so a backend may use its own server's clock.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from ..clock import from_us
 from ..errors import InvalidArgument
 from ..jobs import Job, State
+
+#: The job columns every backend selects, in the order `row_to_job` reads them.
+COLUMNS = (
+    "id, status, queue, task, payload, priority, key, retries, max_retries, attempts, error, "
+    "run_at, created_at, updated_at, started_at, finished_at, lease_until, worker_id, timeout, "
+    "output, backoff, result"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,12 +179,42 @@ class Storage(Protocol):
         ...
 
 
+def row_to_job(row: Sequence[Any]) -> Job:
+    """A row selected as COLUMNS, as a Job."""
+    return Job(
+        id=row[0],
+        status=State(row[1]),
+        queue=row[2],
+        task=row[3],
+        payload=json.loads(row[4]),
+        priority=row[5],
+        key=row[6],
+        retries=row[7],
+        max_retries=row[8],
+        attempts=row[9],
+        error=row[10],
+        run_at=from_us(row[11]),  # type: ignore[arg-type]
+        created_at=from_us(row[12]),  # type: ignore[arg-type]
+        updated_at=from_us(row[13]),  # type: ignore[arg-type]
+        started_at=from_us(row[14]),
+        finished_at=from_us(row[15]),
+        lease_until=from_us(row[16]),
+        worker_id=row[17],
+        timeout=row[18],
+        output=row[19],
+        backoff=json.loads(row[20]) if row[20] else None,
+        result_json=row[21],
+    )
+
+
 def open_storage(target: str, *, synchronous: str = "normal") -> Storage:
     """Open the storage a path or URL names: a SQLite file, or postgresql://."""
     if not isinstance(target, str) or not target:
         raise InvalidArgument(f"a queue needs a file path or a postgresql:// URL, not {target!r}")
     if target.startswith(("postgresql://", "postgres://")):
-        raise InvalidArgument("this nbqueue version stores queues in SQLite files only")
+        from .postgres import PostgresStorage  # noqa: PLC0415 - optional dependency (psycopg)
+
+        return PostgresStorage(target, synchronous=synchronous)
     from .sqlite import SQLiteStorage  # noqa: PLC0415
 
     return SQLiteStorage(target, synchronous=synchronous)

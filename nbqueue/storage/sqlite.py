@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -13,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..clock import from_us, to_us
+from ..clock import to_us
 from ..errors import (
     DatabaseFull,
     InvalidArgument,
@@ -25,18 +24,13 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import Job, State
-from . import ClaimRequest, Filter, NewJob
+from . import COLUMNS, ClaimRequest, Filter, NewJob, row_to_job
 
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 10_000
 LOCKED_RETRY_SECONDS = 120.0  # beyond busy_timeout: contention is waited out, never surfaced
 
-COLUMNS = (
-    "id, status, queue, task, payload, priority, key, retries, max_retries, attempts, error, "
-    "run_at, created_at, updated_at, started_at, finished_at, lease_until, worker_id, timeout, "
-    "output, backoff, result"
-)
 _STATES = tuple(s.value for s in State)
 _CLAIMABLE_SQL = "status IN ('pending', 'failed')"  # must match the partial indexes verbatim
 
@@ -308,7 +302,7 @@ class SQLiteStorage:
             return None
         sql, params = _claim_statement(where, worker_id, lease_us, now)
         row = self._write(lambda conn: conn.execute(sql, params).fetchone())
-        return None if row is None else _job(row)
+        return None if row is None else row_to_job(row)
 
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
         now = _stamp(now)
@@ -347,7 +341,7 @@ class SQLiteStorage:
                 return done, None
             # The next claim rides in the same commit: half the fsyncs per job.
             row = conn.execute(*_claim_statement(*then_claim, now)).fetchone()
-            return True, None if row is None else _job(row)
+            return True, None if row is None else row_to_job(row)
 
         return self._write(work)
 
@@ -452,14 +446,14 @@ class SQLiteStorage:
 
     def get(self, job_id: int) -> Job | None:
         rows = self._read(f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE id = ?", (job_id,))
-        return _job(rows[0]) if rows else None
+        return row_to_job(rows[0]) if rows else None
 
     def get_many(self, job_ids: Sequence[int]) -> list[Job]:
         out: list[Job] = []
         for start in range(0, len(job_ids), 500):
             chunk = job_ids[start : start + 500]
             sql = f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE id IN ({', '.join('?' * len(chunk))})"
-            out.extend(_job(r) for r in self._read(sql, chunk))
+            out.extend(row_to_job(r) for r in self._read(sql, chunk))
         return out
 
     def expired(self, now: int | None, limit: int) -> list[Job]:
@@ -469,7 +463,7 @@ class SQLiteStorage:
             "ORDER BY lease_until LIMIT ?",
             (now, limit),
         )
-        return [_job(r) for r in rows]
+        return [row_to_job(r) for r in rows]
 
     def delete(self, ids: Iterable[int], statuses: Sequence[State]) -> int:
         src_sql, src_params = _in("status", tuple(s.value for s in statuses))
@@ -515,7 +509,7 @@ class SQLiteStorage:
             f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE 1{where} ORDER BY id DESC LIMIT ? OFFSET ?",
             (*params, limit, offset),
         )
-        return [_job(r) for r in rows]
+        return [row_to_job(r) for r in rows]
 
     def queues(self) -> list[str]:
         return [
@@ -632,30 +626,3 @@ def _split_sql(script: str) -> list[str]:
             statements.append(current.strip())
             current = ""
     return statements
-
-
-def _job(row: Sequence[Any]) -> Job:
-    return Job(
-        id=row[0],
-        status=State(row[1]),
-        queue=row[2],
-        task=row[3],
-        payload=json.loads(row[4]),
-        priority=row[5],
-        key=row[6],
-        retries=row[7],
-        max_retries=row[8],
-        attempts=row[9],
-        error=row[10],
-        run_at=from_us(row[11]),  # type: ignore[arg-type]
-        created_at=from_us(row[12]),  # type: ignore[arg-type]
-        updated_at=from_us(row[13]),  # type: ignore[arg-type]
-        started_at=from_us(row[14]),
-        finished_at=from_us(row[15]),
-        lease_until=from_us(row[16]),
-        worker_id=row[17],
-        timeout=row[18],
-        output=row[19],
-        backoff=json.loads(row[20]) if row[20] else None,
-        result_json=row[21],
-    )

@@ -1,0 +1,234 @@
+"""PostgreSQL only: many worker processes, a killed worker, a dropped connection, the extra."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+
+import nbqueue
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    import nbqueue
+
+    q = nbqueue.Queue(sys.argv[1])
+    log = open(sys.argv[2], "a", buffering=1)
+
+    @q.task(name="record")
+    def record(n, sleep=0.0):
+        time.sleep(sleep)
+        log.write(f"{n}\\n")
+        return n
+
+    w = q.worker(concurrency=2, lease=float(sys.argv[3]))
+    w.start()
+    while not os.path.exists(sys.argv[4]):
+        time.sleep(0.05)
+    w.stop()
+    """
+)
+
+
+def start_workers(tmp_path: Path, url: str, n: int, lease: float = 5.0) -> list[subprocess.Popen[bytes]]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                url,
+                str(tmp_path / f"log{i}.txt"),
+                str(lease),
+                str(tmp_path / "stop"),
+            ],
+            env=ENV,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(n)
+    ]
+
+
+def stop_all(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> list[str]:
+    (tmp_path / "stop").touch()
+    errors = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=30)
+            errors.append(err.decode())
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return errors
+
+
+def test_four_worker_processes_complete_every_job_exactly_once(pg_url: str, tmp_path: Path) -> None:
+    q = nbqueue.Queue(pg_url)
+    record = q.task(name="record")(lambda n, sleep=0.0: n)
+    ids = q.enqueue_many([{"args": [i], "kwargs": {}} for i in range(10_000)])  # raw: not runnable
+    assert len(ids) == 10_000
+    jobs = [record.enqueue(i) for i in range(200)]  # plus the real task jobs, one by one
+    q.storage.insert(  # and 10,000 runnable ones in one transaction
+        [
+            q._new_job(
+                "record",
+                f'{{"args":[{i}],"kwargs":{{}}}}',
+                "default",
+                3,
+                None,
+                None,
+                0,
+                None,
+                None,
+                q._default_backoff,
+            )
+            for i in range(200, 10_200)
+        ],
+        q._now(),
+    )
+    procs = start_workers(tmp_path, pg_url, 4)
+    try:
+        q.wait(jobs, timeout=120, progress=False)
+        deadline = time.monotonic() + 120
+        while q.counts()["completed"] < 10_200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        errors = stop_all(tmp_path, procs)
+    assert q.counts() == {
+        **dict.fromkeys(["running", "failed", "dead", "cancelled"], 0),
+        "pending": 10_000,
+        "completed": 10_200,
+    }
+    seen = Counter(int(line) for i in range(4) for line in (tmp_path / f"log{i}.txt").read_text().split())
+    assert sorted(seen) == list(range(10_200))
+    assert set(seen.values()) == {1}, "a job ran twice"
+    assert sum(1 for i in range(4) if (tmp_path / f"log{i}.txt").read_text()) >= 2, "the work was not shared"
+    assert not any("Traceback" in e for e in errors), errors
+
+
+def test_a_killed_worker_process_loses_no_job(pg_url: str, tmp_path: Path) -> None:
+    q = nbqueue.Queue(pg_url)
+    record = q.task(name="record")(lambda n, sleep=0.0: n)
+    job = record.schedule(args=(1,), kwargs={"sleep": 30})
+    [victim] = start_workers(tmp_path, pg_url, 1, lease=1.0)
+    try:
+        deadline = time.monotonic() + 30
+        while q.get(job.id).status != "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert q.get(job.id).status == "running"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    record.fn = lambda n, sleep=0.0: n  # the new worker has a fast handler
+    with q.worker(lease=1.0):
+        done = q.wait([job], timeout=30, progress=False)[0]
+    assert done.status == "completed"
+    assert done.attempts == 2
+    assert done.error is not None and "lease expired" in done.error
+
+
+def test_a_dropped_connection_is_made_again_and_the_queue_finishes(pg_url: str, pg_server: str) -> None:
+    q = nbqueue.Queue(pg_url)
+
+    @q.task(name="slowish")
+    def slowish(n: int) -> int:
+        time.sleep(0.01)
+        return n
+
+    jobs = [slowish.enqueue(i) for i in range(300)]
+    with q.worker(concurrency=2), psycopg.connect(pg_server, autocommit=True) as admin:
+        for _ in range(5):  # terminate every other backend of this database, again and again
+            time.sleep(0.15)
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        done = q.wait(jobs, timeout=60, progress=False)
+    assert {j.status for j in done} == {"completed"}
+    assert [j.value for j in done] == list(range(300))
+
+
+def test_time_comes_from_the_server(pg_url: str) -> None:
+    q = nbqueue.Queue(pg_url)
+    assert q.storage.server_clock is True
+    job = q.enqueue({"n": 1})
+    with psycopg.connect(pg_url.split("?", maxsplit=1)[0]) as conn:
+        (server_now,) = conn.execute("SELECT now()").fetchone()  # type: ignore[misc]
+    assert abs((job.created_at - server_now).total_seconds()) < 5
+
+
+def test_cli_works_on_a_postgres_url(pg_url: str) -> None:
+    q = nbqueue.Queue(pg_url)
+    q.enqueue({"n": 1})
+    done = subprocess.run(
+        [sys.executable, "-m", "nbqueue", "stats", pg_url, "--json"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        check=True,
+        timeout=60,
+    )
+    assert '"pending": 1' in done.stdout
+
+
+def test_the_board_reads_a_postgres_queue(pg_url: str) -> None:
+    from nbqueue.jupyter.views import DeadLetterView, JobBoard
+
+    q = nbqueue.Queue(pg_url)
+    q.enqueue({"n": 1}, max_retries=0)
+    job = q.claim()
+    assert job is not None
+    q.fail(job, "boom")
+    board, view = JobBoard(q, interval=0), DeadLetterView(q, interval=0)
+    try:
+        assert board.counts["dead"] == 1 and [j.id for j in board.rows] == [job.id]
+        view.requeue_all.click()
+        assert q.get(job.id).status == "pending"
+    finally:
+        board.close()
+        view.close()
+
+
+def test_schemas_keep_queues_apart(pg_server: str, pg_url: str) -> None:
+    other = pg_url + "x"
+    try:
+        a, b = nbqueue.Queue(pg_url), nbqueue.Queue(other)
+        a.enqueue({"n": 1})
+        assert a.counts()["pending"] == 1 and b.counts()["pending"] == 0
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{other.split("schema=")[1]}" CASCADE')
+
+
+def test_import_without_psycopg_works_and_a_url_names_the_extra(pg_url: str, tmp_path: Path) -> None:
+    (tmp_path / "psycopg.py").write_text("raise ImportError('psycopg is not installed')\n")
+    code = (
+        "import nbqueue\n"
+        "try:\n"
+        f"    nbqueue.Queue({pg_url!r})\n"
+        "except nbqueue.MissingDependency as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env={**ENV, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
+    )
+    assert "pip install 'nbqueue[postgres]'" in done.stdout

@@ -1,24 +1,32 @@
 """`make bench`: nbqueue next to raw sqlite3 doing the same work, in the same run.
 
-Absolute times drift on shared machines, so every figure is reported as a
-ratio to raw SQLite measured moments before, on the same kind of file.
-Each figure is the median of several runs.
+Absolute times drift on shared machines, so throughput is reported as a ratio
+to raw SQLite measured moments before on the same kind of file, each figure the
+median of several runs. Scale figures (1k vs 1M jobs) are ratios of nbqueue to
+itself. `--json FILE` keeps every sample.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import nbqueue
 
+ROOT = Path(__file__).resolve().parent.parent
 RAW_SCHEMA = """
 CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, status TEXT NOT NULL, queue TEXT NOT NULL,
     payload TEXT NOT NULL, priority INTEGER NOT NULL, run_at INTEGER NOT NULL, attempts INTEGER NOT NULL
@@ -34,6 +42,7 @@ RAW_CLAIM = (
     "ORDER BY priority DESC, run_at, id LIMIT 1) RETURNING id"
 )
 RAW_COMPLETE = "UPDATE jobs SET status = 'completed', result = ?, updated_at = ? WHERE id = ?"
+NOOP = "bench.noop"
 
 
 def raw_db(folder: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
@@ -48,44 +57,73 @@ def now_us() -> int:
     return int(time.time() * 1e6)
 
 
-def rate(n: int, work: Callable[[], None]) -> float:
+def rate(n: int, work: Callable[[], object]) -> float:
     start = time.perf_counter()
     work()
     return n / (time.perf_counter() - start)
 
 
-# -- the measurements: each returns (nbqueue ops/s, raw ops/s) ----------------------
+def new_queue(folder: Path, name: str = "nb", **options: Any) -> nbqueue.Queue:
+    q = nbqueue.Queue(folder / f"{name}-{time.monotonic_ns()}.db", **options)
+    q.task(name=NOOP)(noop)
+    return q
+
+
+def noop(n: int = 0) -> None:
+    return None
+
+
+def fill(q: nbqueue.Queue, n: int, task: str | None = NOOP) -> None:
+    """n runnable jobs, written in big transactions (setup, not measured)."""
+    for start in range(0, n, 50_000):
+        count = min(50_000, n - start)
+        q.storage.insert(
+            [
+                q._new_job(
+                    task,
+                    '{"args":[0],"kwargs":{}}',
+                    "default",
+                    3,
+                    None,
+                    None,
+                    0,
+                    None,
+                    None,
+                    q._default_backoff,
+                )
+            ]
+            * count,
+            q._now(),
+        )
+
+
+# -- throughput next to raw SQLite: each returns (nbqueue ops/s, raw ops/s) ----------
 
 
 def enqueue_one(folder: Path, n: int, synchronous: str) -> tuple[float, float]:
     conn = raw_db(folder, synchronous.upper())
-
-    def raw() -> None:
-        for i in range(n):
-            conn.execute(RAW_INSERT, (json.dumps({"n": i}), now_us()))
-
-    raw_rate = rate(n, raw)
-    q = nbqueue.Queue(folder / f"nb-{time.monotonic_ns()}.db", synchronous=synchronous)  # type: ignore[arg-type]
-    nb_rate = rate(n, lambda: [q.enqueue({"n": i}) for i in range(n)] and None)
+    raw = rate(n, lambda: [conn.execute(RAW_INSERT, (json.dumps({"n": i}), now_us())) for i in range(n)])
+    q = new_queue(folder, synchronous=synchronous)
+    nb = rate(n, lambda: [q.enqueue({"n": i}) for i in range(n)])
     q.close()
     conn.close()
-    return nb_rate, raw_rate
+    return nb, raw
 
 
 def enqueue_many(folder: Path, n: int) -> tuple[float, float]:
     conn = raw_db(folder)
 
-    def raw() -> None:
+    def raw_work() -> None:
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(RAW_INSERT, [(json.dumps({"n": i}), now_us()) for i in range(n)])
         conn.execute("COMMIT")
 
-    raw_rate = rate(n, raw)
-    q = nbqueue.Queue(folder / f"nb-{time.monotonic_ns()}.db")
-    nb_rate = rate(n, lambda: q.enqueue_many([{"n": i} for i in range(n)]) and None)
+    raw = rate(n, raw_work)
+    q = new_queue(folder)
+    nb = rate(n, lambda: q.enqueue_many([{"n": i} for i in range(n)]))
     q.close()
     conn.close()
-    return nb_rate, raw_rate
+    return nb, raw
 
 
 def drain(folder: Path, n: int, threads: int, synchronous: str = "normal") -> tuple[float, float]:
@@ -94,7 +132,7 @@ def drain(folder: Path, n: int, threads: int, synchronous: str = "normal") -> tu
     conn.executemany(RAW_INSERT, [(json.dumps({"n": i}), 0) for i in range(n)])
     conn.execute("COMMIT")
 
-    def raw() -> None:
+    def raw_work() -> None:  # claim, run nothing, complete: two commits per job
         while True:
             conn.execute("BEGIN IMMEDIATE")
             row = conn.execute(RAW_CLAIM, (now_us() + 60_000_000, now_us())).fetchone()
@@ -103,96 +141,334 @@ def drain(folder: Path, n: int, threads: int, synchronous: str = "normal") -> tu
                 return
             conn.execute(RAW_COMPLETE, ("null", now_us(), row[0]))
 
-    raw_rate = rate(n, raw)
-    q = nbqueue.Queue(folder / f"nb-{time.monotonic_ns()}.db", synchronous=synchronous)  # type: ignore[arg-type]
-
-    @q.task(name="bench.noop")
-    def noop(n: int) -> None:
-        return None
-
-    q.storage.insert(
-        [
-            q._new_job(
-                "bench.noop",
-                json.dumps({"args": [i], "kwargs": {}}),
-                "default",
-                3,
-                None,
-                None,
-                0,
-                None,
-                None,
-                q._default_backoff,
-            )
-            for i in range(n)
-        ],
-        q._now(),
-    )
-    worker = q.worker(concurrency=threads, lease=60)
-    nb_rate = rate(n, worker.run_until_idle)
+    raw = rate(n, raw_work)
+    q = new_queue(folder, synchronous=synchronous)
+    fill(q, n)
+    nb = rate(n, q.worker(concurrency=threads, lease=60).run_until_idle)
     assert q.counts()["completed"] == n
     q.close()
     conn.close()
-    return nb_rate, raw_rate
+    return nb, raw
 
 
-def claim_rate(folder: Path, pending: int, claims: int = 2000) -> float:
-    """Claims per second (claim + complete) with `pending` jobs waiting."""
-    q = nbqueue.Queue(folder / f"claim-{pending}-{time.monotonic_ns()}.db")
-    for start in range(0, pending + claims, 50_000):
-        q.enqueue_many([{"n": i} for i in range(start, min(pending + claims, start + 50_000))])
+def median_of(runs: int, measure: Callable[[], tuple[float, float]]) -> dict[str, Any]:
+    samples = [measure() for _ in range(runs)]
+    return {
+        "nbqueue_per_s": statistics.median(s[0] for s in samples),
+        "raw_per_s": statistics.median(s[1] for s in samples),
+        "ratio": statistics.median(s[0] / s[1] for s in samples),
+        "samples": samples,
+    }
 
+
+# -- scale: the same work on 1k and on 1M jobs ------------------------------------
+
+
+def claims_per_s(q: nbqueue.Queue, claims: int = 2000) -> float:
     def work() -> None:
         for _ in range(claims):
             job = q.claim(lease=60)
             assert job is not None
             q.complete(job)
 
-    result = rate(claims, work)
+    return rate(claims, work)
+
+
+def seconds_per(calls: int, work: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        work()
+    return (time.perf_counter() - start) / calls
+
+
+def board_refresh(q: nbqueue.Queue) -> float:
+    try:
+        from nbqueue.jupyter.views import JobBoard
+    except ImportError:
+        return float("nan")
+    board = JobBoard(q, interval=0)
+    try:
+        return seconds_per(20, board.refresh)
+    finally:
+        board.close()
+
+
+def scale(folder: Path, sizes: list[int], runs: int) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for size in sizes:
+        q = new_queue(folder, f"scale{size}")
+        fill(q, size + 2000 * runs)
+        out[size] = {
+            "claims_per_s": statistics.median(claims_per_s(q) for _ in range(runs)),
+            "history_s": statistics.median(
+                seconds_per(20, lambda q=q: q.history(limit=100)) for _ in range(runs)
+            ),
+            "board_refresh_s": statistics.median(board_refresh(q) for _ in range(runs)),
+        }
+        q.close()
+        print(
+            f"  {size:>9,} jobs: {out[size]['claims_per_s']:,.0f} claims/s, history(100) "
+            f"{out[size]['history_s'] * 1e3:.2f} ms, "
+            f"board refresh {out[size]['board_refresh_s'] * 1e3:.2f} ms",
+            flush=True,
+        )
+    return out
+
+
+# -- wake-up latency and idle cost ---------------------------------------------------
+
+PRODUCER = textwrap.dedent(
+    """
+    import sys, time
+    import nbqueue
+    q = nbqueue.Queue(sys.argv[1])
+    record = q.task(name="bench.wake", queue="wake")(lambda i: None)
+    with open(sys.argv[2], "w") as out:
+        for i in range(int(sys.argv[3])):
+            time.sleep(0.05)
+            record.enqueue(-1 - i)
+            out.write(f"{-1 - i} {time.time()}\\n")
+    """
+)
+
+
+def wakeups(folder: Path, n: int) -> dict[str, float]:
+    q = new_queue(folder, "wake")
+    started: dict[int, float] = {}
+
+    @q.task(name="bench.wake", queue="wake")
+    def record(i: int) -> None:
+        started[i] = time.time()
+
+    same: list[float] = []
+    with q.worker(queues=["wake"], lease=60):
+        time.sleep(0.3)
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        time.sleep(2.0)  # idle: what does the waiting worker cost?
+        idle_cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+        for i in range(n):
+            time.sleep(0.02)
+            record.enqueue(i)
+            returned = time.time()
+            deadline = time.monotonic() + 5
+            while i not in started and time.monotonic() < deadline:
+                time.sleep(0.0002)
+            same.append(started[i] - returned)
+        # A producer in another process enqueues into the same queue.
+        script, log = folder / "producer.py", folder / "producer.log"
+        script.write_text(PRODUCER)
+        subprocess.run(
+            [sys.executable, str(script), str(q.target), str(log), str(n)],
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        deadline = time.monotonic() + 10
+        while len(started) < 2 * n and time.monotonic() < deadline:
+            time.sleep(0.01)
+    sent = {int(a): float(b) for a, b in (line.split() for line in log.read_text().splitlines())}
+    other = [started[i] - sent[i] for i in sent]
     q.close()
-    return result
+
+    def pct(values: list[float], p: float) -> float:
+        return sorted(values)[min(len(values) - 1, int(p * len(values)))]
+
+    return {
+        "same_p50_ms": pct(same, 0.5) * 1e3,
+        "same_p99_ms": pct(same, 0.99) * 1e3,
+        "other_p50_ms": pct(other, 0.5) * 1e3,
+        "other_p99_ms": pct(other, 0.99) * 1e3,
+        "idle_cpu_percent": idle_cpu * 100,
+    }
 
 
-def median_of(runs: int, measure: Callable[[], tuple[float, float]]) -> tuple[float, float, float]:
-    samples = [measure() for _ in range(runs)]
-    ratios = [nb / raw for nb, raw in samples]
-    return (
-        statistics.median(s[0] for s in samples),
-        statistics.median(s[1] for s in samples),
-        statistics.median(ratios),
+# -- memory while draining a million jobs -----------------------------------------------
+
+DRAINER = textwrap.dedent(
+    """
+    import json, sys, time
+    import nbqueue
+    q = nbqueue.Queue(sys.argv[1])
+    q.task(name="bench.noop")(lambda n=0: None)
+    total = int(sys.argv[2])
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096 / 2**20
+    samples = []
+    w = q.worker(lease=60).start()
+    while True:
+        done = q.counts()["completed"]
+        samples.append((done, rss_mb()))
+        if done >= total:
+            break
+        time.sleep(1.0)
+    w.stop()
+    print(json.dumps(samples))
+    """
+)
+
+
+def memory(folder: Path, n: int) -> list[tuple[int, float]]:
+    q = new_queue(folder, "memory")
+    fill(q, n)
+    script = folder / "drainer.py"
+    script.write_text(DRAINER)
+    done = subprocess.run(
+        [sys.executable, str(script), str(q.target), str(n)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+    q.close()
+    return [(int(a), float(b)) for a, b in json.loads(done.stdout)]
+
+
+# -- PostgreSQL: drain with 1 and 4 worker processes ------------------------------------
+
+PG_WORKER = textwrap.dedent(
+    """
+    import sys, time
+    import nbqueue
+    q = nbqueue.Queue(sys.argv[1])
+    q.task(name="bench.noop")(lambda n=0: None)
+    w = q.worker(lease=60, concurrency=2).start()
+    while q.counts()["pending"]:
+        time.sleep(0.05)
+    w.run_until_idle()
+    w.stop()
+    """
+)
+
+
+def postgres_drain(folder: Path, n: int, processes: int) -> float | None:
+    try:
+        import psycopg
+    except ImportError:
+        return None
+    server = os.environ.get("NBQUEUE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+    schema = f"nbq_bench_{time.monotonic_ns()}"
+    try:
+        q = nbqueue.Queue(f"{server}?schema={schema}")
+    except nbqueue.StorageError:
+        return None
+    try:
+        q.task(name=NOOP)(noop)
+        fill(q, n)
+        script = folder / "pg_worker.py"
+        script.write_text(PG_WORKER)
+        start = time.perf_counter()
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(q.target)], env={**os.environ, "PYTHONPATH": str(ROOT)}
+            )
+            for _ in range(processes)
+        ]
+        for p in procs:
+            p.wait(600)
+        elapsed = time.perf_counter() - start
+        assert q.counts()["completed"] == n
+        return n / elapsed
+    finally:
+        q.close()
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+# -- the report ------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--n", type=int, default=3000, help="jobs per throughput run")
-    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: check the script, not the figures")
+    parser.add_argument("--json", type=Path, help="write every figure and sample here")
     args = parser.parse_args(argv)
-    rows: list[dict[str, object]] = []
+    big = 20_000 if args.quick else 1_000_000
+    n, runs = (300, 1) if args.quick else (args.n, args.runs)
+    report: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, SQLite {sqlite3.sqlite_version}",
+    }
+    print(f"nbqueue bench, {report['date']}, {report['machine']}")
     with tempfile.TemporaryDirectory(prefix="nbqueue-bench-") as tmp:
         folder = Path(tmp)
-        cases: list[tuple[str, Callable[[], tuple[float, float]]]] = [
-            ("enqueue, synchronous normal", lambda: enqueue_one(folder, args.n, "normal")),
-            ("enqueue, synchronous full", lambda: enqueue_one(folder, max(200, args.n // 10), "full")),
-            ("enqueue_many", lambda: enqueue_many(folder, args.n * 10)),
-            ("drain, 1 thread", lambda: drain(folder, args.n, 1)),
-            ("drain, 4 threads", lambda: drain(folder, args.n, 4)),
-            ("drain, full, 1 thread", lambda: drain(folder, max(200, args.n // 10), 1, "full")),
+        cases: list[tuple[str, str, float, Callable[[], tuple[float, float]]]] = [
+            (
+                "enqueue, synchronous normal",
+                "raw single-row commits",
+                0.7,
+                lambda: enqueue_one(folder, n, "normal"),
+            ),
+            (
+                "enqueue, synchronous full",
+                "raw commits with fsync",
+                0.8,
+                lambda: enqueue_one(folder, max(100, n // 10), "full"),
+            ),
+            ("enqueue_many", "raw executemany", 0.5, lambda: enqueue_many(folder, n * 10)),
+            ("drain, normal, 1 thread", "raw claim-then-complete", 0.5, lambda: drain(folder, n, 1)),
+            ("drain, normal, 4 threads", "raw claim-then-complete", 0.5, lambda: drain(folder, n, 4)),
+            (
+                "drain, full, 1 thread",
+                "raw claim-then-complete, fsync",
+                1.0,
+                lambda: drain(folder, max(100, n // 10), 1, "full"),
+            ),
         ]
-        print(f"{'measure':<30} {'nbqueue/s':>12} {'raw/s':>12} {'ratio':>7}")
-        for name, measure in cases:
-            nb, raw, ratio = median_of(args.runs, measure)
-            rows.append({"measure": name, "nbqueue_per_s": nb, "raw_per_s": raw, "ratio": ratio})
-            print(f"{name:<30} {nb:>12,.0f} {raw:>12,.0f} {ratio:>6.2f}x", flush=True)
-        small = statistics.median(claim_rate(folder, 1_000) for _ in range(args.runs))
-        big = statistics.median(claim_rate(folder, 100_000) for _ in range(args.runs))
-        rows.append({"measure": "claim+complete/s at 1k pending", "nbqueue_per_s": small})
-        rows.append({"measure": "claim+complete/s at 100k pending", "nbqueue_per_s": big})
-        print(f"{'claim+complete at 1k pending':<30} {small:>12,.0f}")
-        print(f"{'claim+complete at 100k pending':<30} {big:>12,.0f} {'':>12} {big / small:>6.2f}x of 1k")
+        print(f"\n{'measure':<28} {'nbqueue/s':>10} {'raw/s':>10} {'ratio':>7} {'target':>7}  versus")
+        report["throughput"] = {}
+        for name, versus, target, measure in cases:
+            fig = median_of(runs, measure) | {"target": target, "versus": versus}
+            report["throughput"][name] = fig
+            mark = "ok" if fig["ratio"] >= target else "MISSED"
+            print(
+                f"{name:<28} {fig['nbqueue_per_s']:>10,.0f} {fig['raw_per_s']:>10,.0f} "
+                f"{fig['ratio']:>6.2f}x {target:>6.1f}x  {versus} ({mark})",
+                flush=True,
+            )
+
+        print("\nscale (claim + complete; history(limit=100); a board refresh):")
+        sizes = [1_000, 100_000, big] if not args.quick else [1_000, big]
+        report["scale"] = scale(folder, sizes, runs)
+        small, large = report["scale"][1_000], report["scale"][big]
+        claim_ratio = large["claims_per_s"] / small["claims_per_s"]
+        hist_ratio = large["history_s"] / small["history_s"]
+        board_ratio = large["board_refresh_s"] / small["board_refresh_s"]
+        print(f"  claims/s at {big:,} vs 1,000: {claim_ratio:.2f}x (target >= 0.8x)")
+        print(f"  history() at {big:,} vs 1,000: {hist_ratio:.2f}x the time (target <= 2x)")
+        print(f"  board refresh at {big:,} vs 1,000: {board_ratio:.2f}x the time (target <= 2x)", flush=True)
+
+        print("\nwake-up latency, enqueue returned -> handler started:")
+        report["wakeup"] = wake = wakeups(folder, 20 if args.quick else 100)
+        print(
+            f"  same process:    p50 {wake['same_p50_ms']:.2f} ms, p99 {wake['same_p99_ms']:.2f} ms "
+            "(target p50 <= 5 ms)"
+        )
+        print(
+            f"  another process: p50 {wake['other_p50_ms']:.2f} ms, p99 {wake['other_p99_ms']:.2f} ms "
+            "(target p50 <= 50 ms)"
+        )
+        print(f"  idle worker: {wake['idle_cpu_percent']:.2f}% of a core (target < 1%)", flush=True)
+
+        print(f"\nworker memory while draining {big:,} jobs (RSS, MiB):")
+        report["memory"] = samples = memory(folder, big)
+        picks = [samples[0], samples[len(samples) // 2], samples[-1]]
+        print("  " + ", ".join(f"{done:,} done: {mb:.1f}" for done, mb in picks), flush=True)
+
+        print("\nPostgreSQL drain (no-op jobs; worker processes with 2 threads each):")
+        pg_n = 500 if args.quick else 5_000
+        report["postgres"] = {}
+        for procs in (1, 4):
+            per_s = postgres_drain(folder, pg_n, procs)
+            report["postgres"][f"{procs} process(es)"] = per_s
+            print(
+                f"  {procs} process(es): "
+                + ("server not reachable" if per_s is None else f"{per_s:,.0f} jobs/s")
+            )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps(report, indent=2, default=str))
     return 0
 
 

@@ -43,6 +43,8 @@ _STATES = ", ".join(f"'{s.value}'" for s in State)
 _CLAIMABLE = "status IN ('pending', 'failed')"
 _UNFINISHED = "status IN ('pending', 'failed', 'running')"
 _NOW_US = "(extract(epoch from now()) * 1000000)::bigint"
+NOW = f"coalesce(%s::bigint, {_NOW_US})"  # the caller's clock if given, else the server's
+COLUMNS_OF_T = ", ".join(f"{{t}}.{c.strip()}" for c in COLUMNS.split(","))
 
 MIGRATIONS: dict[int, list[str]] = {
     1: [
@@ -119,6 +121,7 @@ class PostgresStorage:
         if synchronous not in ("normal", "full"):
             raise InvalidArgument(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
         self.url = url
+        self.synchronous = synchronous
         self.conninfo, self.schema = _split_url(url)
         parts = urlsplit(url)  # for messages: never show a password
         self._where = f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
@@ -137,8 +140,17 @@ class PostgresStorage:
     # -- connections -----------------------------------------------------------
 
     def _connect(self, autocommit: bool = False) -> psycopg.Connection[Any]:
+        # "normal" is SQLite's WAL + synchronous=NORMAL: a client crash loses nothing (the
+        # server has every commit); only a crash of the server itself may lose the last
+        # moments. "full" waits for the server's fsync on every commit.
+        commit = "on" if self.synchronous == "full" else "off"
         try:
-            return psycopg.connect(self.conninfo, autocommit=autocommit, connect_timeout=10)
+            return psycopg.connect(
+                self.conninfo,
+                autocommit=autocommit,
+                connect_timeout=10,
+                options=f"-c synchronous_commit={commit}",
+            )
         except psycopg.Error as exc:
             raise StorageError(f"cannot connect to {self._where}: {exc}") from exc
 
@@ -147,18 +159,21 @@ class PostgresStorage:
         if conn is None or conn.closed or conn.broken:
             if self._closed:
                 raise StorageError(f"{self._where}: the queue is closed")
-            conn = self._connect()
+            conn = self._connect(autocommit=True)  # each verb is one statement: one round trip
             self._local.conn = conn
             with self._all_lock:
                 self._all.append(conn)
         return conn
 
-    def _run(self, work: Callable[[psycopg.Cursor[Any]], T]) -> T:
-        """Run `work` in one transaction; a dropped connection is re-made and tried again."""
+    def _run(self, work: Callable[[psycopg.Cursor[Any]], T], transaction: bool = False) -> T:
+        """Run `work` (atomic: one statement, or a transaction); a dropped connection is re-made."""
         for attempt in range(4):
             conn = self._conn()
             try:
-                with conn.transaction(), conn.cursor() as cur:
+                if transaction:
+                    with conn.transaction(), conn.cursor() as cur:
+                        return work(cur)
+                with conn.cursor() as cur:
                     return work(cur)
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure):
                 time.sleep(0.01 * (attempt + 1))
@@ -169,6 +184,22 @@ class PostgresStorage:
             except psycopg.Error as exc:
                 raise _translate(exc, self._where) from exc
         raise StorageError(f"{self._where}: gave up after repeated conflicts")
+
+    def _one(self, statement: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        """One statement, its first row (or None)."""
+
+        def work(cur: psycopg.Cursor[Any]) -> tuple[Any, ...] | None:
+            cur.execute(self._q(statement), params)
+            return cur.fetchone() if cur.description else None
+
+        return self._run(work)
+
+    def _all_rows(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        def work(cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
+            cur.execute(self._q(statement), params)
+            return cur.fetchall()
+
+        return self._run(work)
 
     def _q(self, text: str) -> sql.Composed:
         return sql.SQL(text).format(t=self.table, s=sql.Identifier(self.schema))
@@ -202,132 +233,101 @@ class PostgresStorage:
             elif version < SCHEMA_VERSION:
                 cur.execute(self._q("UPDATE {s}.nbqueue_meta SET version = %s"), (SCHEMA_VERSION,))
 
-        self._run(work)
+        self._run(work, transaction=True)
 
-    def _now(self, cur: psycopg.Cursor[Any], now: int | None) -> int:
-        if now is not None:
-            return now
-        cur.execute(f"SELECT {_NOW_US}")
-        row = cur.fetchone()
-        assert row is not None
-        return int(row[0])
-
-    def _notify(self, cur: psycopg.Cursor[Any]) -> None:
-        cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
-
-    # -- verbs -----------------------------------------------------------------
+    # -- verbs: each one statement, with the time from the server unless `now` is given --
 
     def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
-        insert = self._q(
-            "INSERT INTO {t} (status, queue, task, payload, priority, key, max_retries, run_at, "
-            "created_at, updated_at, timeout, backoff) VALUES ('pending', %s, %s, %s, %s, %s, %s, %s, "
-            f"%s, %s, %s, %s) ON CONFLICT (key) WHERE key IS NOT NULL AND {_UNFINISHED} DO NOTHING "
-            "RETURNING id"
+        columns = "queue, task, payload, priority, key, max_retries, delay_us, run_at_us, timeout, backoff"
+        values = [
+            [j.queue for j in jobs],
+            [j.task for j in jobs],
+            [j.payload for j in jobs],
+            [j.priority for j in jobs],
+            [j.key for j in jobs],
+            [j.max_retries for j in jobs],
+            [j.delay_us for j in jobs],
+            [j.run_at_us for j in jobs],
+            [j.timeout for j in jobs],
+            [j.backoff for j in jobs],
+        ]
+        # All rows in one INSERT ... SELECT FROM unnest: atomic, one round trip. A row whose key
+        # an unfinished job holds is skipped, and that job's id is returned instead.
+        statement = (
+            f"WITH t AS (SELECT {NOW} AS now), "
+            f"rows AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
+            f"%s::int[], %s::bigint[], %s::bigint[], %s::float8[], %s::text[]) WITH ORDINALITY "
+            f"AS r({columns}, n)), "
+            "ins AS (INSERT INTO {t} (status, queue, task, payload, priority, key, max_retries, run_at, "
+            "created_at, updated_at, timeout, backoff) SELECT 'pending', queue, task, payload, priority, "
+            "key, max_retries, coalesce(run_at_us, t.now + delay_us), t.now, t.now, timeout, backoff "
+            f"FROM rows, t ORDER BY n ON CONFLICT (key) WHERE key IS NOT NULL AND {_UNFINISHED} "
+            "DO NOTHING RETURNING id, key), "
+            "woke AS (SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM ins)) "
+            "SELECT id, key FROM ins, (SELECT count(*) FROM woke) w ORDER BY id"
         )
+        if len(jobs) > 1 and any(j.key is not None for j in jobs):
+            return self._insert_each(jobs, now)
+        for _ in range(10):  # a held key's job may finish meanwhile: then insert again
+            rows = self._all_rows(statement, [now, *values, self.channel])
+            created = [int(r[0]) for r in rows]
+            if len(created) == len(jobs):
+                self.notify()
+                return [(i, True) for i in created]
+            if all(j.key is None for j in jobs):
+                raise StorageError(f"{self._where}: {len(jobs) - len(created)} jobs were not written")
+            held = self._one(f"SELECT id FROM {{t}} WHERE key = %s AND {_UNFINISHED}", (jobs[0].key,))
+            if held is not None:
+                return [(int(held[0]), False)]
+        raise StorageError(f"{self._where}: the key kept changing hands")
 
-        def row(j: NewJob, stamp: int) -> tuple[Any, ...]:
-            run_at = stamp + j.delay_us if j.run_at_us is None else j.run_at_us
-            return (
-                j.queue,
-                j.task,
-                j.payload,
-                j.priority,
-                j.key,
-                j.max_retries,
-                run_at,
-                stamp,
-                stamp,
-                j.timeout,
-                j.backoff,
-            )
+    def _insert_each(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
+        """Several jobs with keys: one by one, so each held key answers for itself."""
+        return [pair for job in jobs for pair in self.insert([job], now)]
 
-        def work(cur: psycopg.Cursor[Any]) -> list[tuple[int, bool]]:
-            stamp = self._now(cur, now)
-            if len(jobs) > 1 and all(j.key is None for j in jobs):
-                cur.executemany(insert, [row(j, stamp) for j in jobs], returning=True)
-                ids = []
-                while True:
-                    got = cur.fetchone()
-                    assert got is not None
-                    ids.append((int(got[0]), True))
-                    if not cur.nextset():
-                        break
-                self._notify(cur)
-                return ids
-            out = []
-            for job in jobs:
-                while True:
-                    cur.execute(insert, row(job, stamp))
-                    got = cur.fetchone()
-                    if got is not None:
-                        out.append((int(got[0]), True))
-                        break
-                    cur.execute(self._q(f"SELECT id FROM {{t}} WHERE key = %s AND {_UNFINISHED}"), (job.key,))
-                    held = cur.fetchone()
-                    if held is not None:  # else the holder finished meanwhile: insert again
-                        out.append((int(held[0]), False))
-                        break
-            self._notify(cur)
-            return out
-
-        ids = self._run(work)
-        self.notify()
-        return ids
-
-    def _claim_statement(self, request: ClaimRequest, now: int) -> tuple[sql.Composed, list[Any]]:
+    def _claim_statement(self, request: ClaimRequest) -> tuple[str, list[Any]]:
+        """The claim as a sub-statement whose own `now` parameter comes first."""
         where, worker_id, lease_us = request
         task_sql = "" if where.tasks is None else " AND task = ANY(%s)"
         task_params: list[Any] = [] if where.tasks is None else [list(where.tasks)]
         order = "ORDER BY priority DESC, run_at, id LIMIT 1"
         if where.queues is None or len(where.queues) == 1:
             queue_sql = "" if where.queues is None else " AND queue = %s"
-            queue_params = [] if where.queues is None else [where.queues[0]]
             pick = (
-                f"SELECT id FROM {{t}} WHERE {_CLAIMABLE}{queue_sql} AND run_at <= %s{task_sql} "
+                f"SELECT id FROM {{t}} WHERE {_CLAIMABLE}{queue_sql} AND run_at <= c.now{task_sql} "
                 f"{order} FOR UPDATE SKIP LOCKED"
             )
-            params = [*queue_params, now, *task_params]
+            pick_params = [*([] if where.queues is None else [where.queues[0]]), *task_params]
         else:  # one index seek per queue, then the best of those few candidates
             pick = (
-                f"SELECT c.id FROM unnest(%s::text[]) AS q(name) CROSS JOIN LATERAL (SELECT id, "
-                f"priority, run_at FROM {{t}} WHERE {_CLAIMABLE} AND queue = q.name AND run_at <= %s"
-                f"{task_sql} {order} FOR UPDATE SKIP LOCKED) c ORDER BY c.priority DESC, c.run_at, "
-                "c.id LIMIT 1"
+                f"SELECT k.id FROM unnest(%s::text[]) AS q(name) CROSS JOIN LATERAL (SELECT id, "
+                f"priority, run_at FROM {{t}} WHERE {_CLAIMABLE} AND queue = q.name AND run_at <= c.now"
+                f"{task_sql} {order} FOR UPDATE SKIP LOCKED) k ORDER BY k.priority DESC, k.run_at, "
+                "k.id LIMIT 1"
             )
-            params = [list(where.queues), now, *task_params]
-        statement = self._q(
+            pick_params = [list(where.queues), *task_params]
+        statement = (
             "UPDATE {t} SET status = 'running', attempts = attempts + 1, worker_id = %s, "
-            "lease_until = %s, lease_us = %s, started_at = %s, updated_at = %s "
-            f"WHERE id = ({pick}) RETURNING {COLUMNS}"
+            "lease_until = c.now + %s, lease_us = %s, started_at = c.now, updated_at = c.now "
+            f"FROM c WHERE id = ({pick}) RETURNING {COLUMNS_OF_T}"
         )
-        return statement, [worker_id, now + lease_us, lease_us, now, now, *params]
+        return statement, [worker_id, lease_us, lease_us, *pick_params]
 
     def claim(self, where: Filter, worker_id: str, lease_us: int, now: int | None) -> Job | None:
         if where.tasks == () or where.queues == ():
             return None
-
-        def work(cur: psycopg.Cursor[Any]) -> Job | None:
-            cur.execute(*self._claim_statement(ClaimRequest(where, worker_id, lease_us), self._now(cur, now)))
-            row = cur.fetchone()
-            return None if row is None else row_to_job(row)
-
-        return self._run(work)
+        claim, params = self._claim_statement(ClaimRequest(where, worker_id, lease_us))
+        row = self._one(f"WITH c AS (SELECT {NOW} AS now) {claim}", [now, *params])
+        return None if row is None else row_to_job(row)
 
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
-        def work(cur: psycopg.Cursor[Any]) -> int | None:
-            stamp = self._now(cur, now)
-            cur.execute(
-                self._q(
-                    "UPDATE {t} SET lease_until = %s + coalesce(%s, lease_us), updated_at = %s "
-                    "WHERE id = %s AND status = 'running' AND attempts = %s AND lease_until > %s "
-                    "RETURNING lease_until"
-                ),
-                (stamp, lease_us, stamp, job_id, attempt, stamp),
-            )
-            row = cur.fetchone()
-            return None if row is None else int(row[0])
-
-        return self._run(work)
+        row = self._one(
+            f"WITH c AS (SELECT {NOW} AS now) UPDATE {{t}} SET lease_until = c.now + coalesce(%s, lease_us), "
+            "updated_at = c.now FROM c WHERE id = %s AND status = 'running' AND attempts = %s "
+            "AND lease_until > c.now RETURNING lease_until",
+            [now, lease_us, job_id, attempt],
+        )
+        return None if row is None else int(row[0])
 
     def complete(
         self,
@@ -338,25 +338,28 @@ class PostgresStorage:
         now: int | None,
         then_claim: ClaimRequest | None = None,
     ) -> tuple[bool, Job | None]:
-        def work(cur: psycopg.Cursor[Any]) -> tuple[bool, Job | None]:
-            stamp = self._now(cur, now)
-            cur.execute(
-                self._q(
-                    "UPDATE {t} SET status = 'completed', result = %s, output = %s, finished_at = %s, "
-                    "updated_at = %s, lease_until = NULL WHERE id = %s AND status = 'running' "
-                    "AND attempts = %s AND lease_until > %s"
-                ),
-                (result, _clean(output), stamp, stamp, job_id, attempt, stamp),
+        done = (
+            "UPDATE {t} SET status = 'completed', result = %s, output = %s, finished_at = c.now, "
+            "updated_at = c.now, lease_until = NULL FROM c WHERE id = %s AND status = 'running' "
+            "AND attempts = %s AND lease_until > c.now RETURNING {t}.id"
+        )
+        params: list[Any] = [now, result, _clean(output), job_id, attempt]
+        if then_claim is None or then_claim.where.tasks == () or then_claim.where.queues == ():
+            row = self._one(
+                f"WITH c AS (SELECT {NOW} AS now), done AS ({done}) SELECT count(*) FROM done", params
             )
-            if cur.rowcount != 1:
-                return False, None
-            if then_claim is None or then_claim.where.tasks == () or then_claim.where.queues == ():
-                return True, None
-            cur.execute(*self._claim_statement(then_claim, stamp))
-            row = cur.fetchone()
-            return True, None if row is None else row_to_job(row)
-
-        return self._run(work)
+            return bool(row and row[0]), None
+        # The completion and the next claim in one statement: one commit per job.
+        claim, claim_params = self._claim_statement(then_claim)
+        claim = claim.replace("FROM c WHERE", "FROM c WHERE EXISTS (SELECT 1 FROM done) AND", 1)
+        row = self._one(
+            f"WITH c AS (SELECT {NOW} AS now), done AS ({done}), next AS ({claim}) "
+            "SELECT (SELECT count(*) FROM done), next.* FROM (SELECT 1) one LEFT JOIN next ON TRUE",
+            [*params, *claim_params],
+        )
+        if row is None or not row[0]:
+            return False, None
+        return True, None if row[1] is None else row_to_job(row[1:])
 
     def fail(
         self,
@@ -369,98 +372,70 @@ class PostgresStorage:
         now: int | None,
         expired: bool = False,
     ) -> bool:
-        lease_test = "lease_until <= %s" if expired else "lease_until > %s"
-
-        def work(cur: psycopg.Cursor[Any]) -> bool:
-            stamp = self._now(cur, now)
-            failed = status is State.FAILED
-            cur.execute(
-                self._q(
-                    "UPDATE {t} SET status = %s, error = %s, output = %s, retries = retries + %s, "
-                    "run_at = CASE WHEN %s THEN %s ELSE run_at END, finished_at = %s, updated_at = %s, "
-                    f"lease_until = NULL WHERE id = %s AND status = 'running' AND attempts = %s "
-                    f"AND {lease_test}"
-                ),
-                (
-                    status.value,
-                    _clean(error),
-                    _clean(output),
-                    int(failed),
-                    failed,
-                    stamp + delay_us,
-                    None if failed else stamp,
-                    stamp,
-                    job_id,
-                    attempt,
-                    stamp,
-                ),
-            )
-            if cur.rowcount == 1 and failed:
-                self._notify(cur)
-            return bool(cur.rowcount == 1)
-
-        return self._run(work)
+        failed = status is State.FAILED
+        row = self._one(
+            f"WITH c AS (SELECT {NOW} AS now) UPDATE {{t}} SET status = %s, error = %s, output = %s, "
+            "retries = retries + %s, run_at = CASE WHEN %s THEN c.now + %s ELSE run_at END, "
+            "finished_at = CASE WHEN %s THEN NULL ELSE c.now END, updated_at = c.now, lease_until = NULL "
+            "FROM c WHERE id = %s AND status = 'running' AND attempts = %s "
+            f"AND lease_until {'<=' if expired else '>'} c.now "
+            "RETURNING (SELECT count(*) FROM (SELECT pg_notify(%s, '') WHERE %s) n)",
+            [
+                now,
+                status.value,
+                _clean(error),
+                _clean(output),
+                int(failed),
+                failed,
+                delay_us,
+                failed,
+                job_id,
+                attempt,
+                self.channel,
+                failed,
+            ],
+        )
+        return row is not None
 
     def release(self, job_id: int, attempt: int, now: int | None) -> bool:
-        def work(cur: psycopg.Cursor[Any]) -> bool:
-            stamp = self._now(cur, now)
-            cur.execute(
-                self._q(
-                    "UPDATE {t} SET status = 'pending', lease_until = NULL, worker_id = NULL, "
-                    "updated_at = %s WHERE id = %s AND status = 'running' AND attempts = %s"
-                ),
-                (stamp, job_id, attempt),
-            )
-            if cur.rowcount == 1:
-                self._notify(cur)
-            return bool(cur.rowcount == 1)
-
-        changed = self._run(work)
-        if changed:
+        row = self._one(
+            f"WITH c AS (SELECT {NOW} AS now) UPDATE {{t}} SET status = 'pending', lease_until = NULL, "
+            "worker_id = NULL, updated_at = c.now FROM c WHERE id = %s AND status = 'running' "
+            "AND attempts = %s RETURNING (SELECT count(*) FROM (SELECT pg_notify(%s, '')) n)",
+            [now, job_id, attempt, self.channel],
+        )
+        if row is not None:
             self.notify()
-        return changed
+        return row is not None
 
     def transition(
         self, ids: Iterable[int] | None, sources: Sequence[State], target: State, now: int | None
     ) -> list[int]:
         if target is State.PENDING:  # requeue: a fresh start, the last error kept
-            sets = "retries = 0, run_at = %s, lease_until = NULL, worker_id = NULL, finished_at = NULL"
+            sets = "retries = 0, run_at = c.now, lease_until = NULL, worker_id = NULL, finished_at = NULL"
         else:
-            sets = "lease_until = NULL, finished_at = %s"
-        id_list = None if ids is None else list(ids)
-
-        def work(cur: psycopg.Cursor[Any]) -> list[int]:
-            stamp = self._now(cur, now)
-            id_sql = "" if id_list is None else " AND id = ANY(%s)"
-            cur.execute(
-                self._q(
-                    f"UPDATE {{t}} SET status = %s, updated_at = %s, {sets} WHERE status = ANY(%s)"
-                    f"{id_sql} RETURNING id"
-                ),
-                [
-                    target.value,
-                    stamp,
-                    stamp,
-                    [s.value for s in sources],
-                    *([] if id_list is None else [id_list]),
-                ],
-            )
-            changed = sorted(int(r[0]) for r in cur.fetchall())
-            if changed and target is State.PENDING:
-                self._notify(cur)
-            return changed
-
-        changed = self._run(work)
+            sets = "lease_until = NULL, finished_at = c.now"
+        id_sql = "" if ids is None else " AND id = ANY(%s)"
+        rows = self._all_rows(
+            f"WITH c AS (SELECT {NOW} AS now), moved AS (UPDATE {{t}} SET status = %s, updated_at = c.now, "
+            f"{sets} FROM c WHERE status = ANY(%s){id_sql} RETURNING {{t}}.id) "
+            "SELECT id, (SELECT count(*) FROM (SELECT pg_notify(%s, '') WHERE %s) n) FROM moved",
+            [
+                now,
+                target.value,
+                [s.value for s in sources],
+                *([] if ids is None else [list(ids)]),
+                self.channel,
+                target is State.PENDING,
+            ],
+        )
+        changed = sorted(int(r[0]) for r in rows)
         if changed and target is State.PENDING:
             self.notify()
         return changed
 
     def _select(self, tail: str, params: Sequence[Any]) -> list[Job]:
-        def work(cur: psycopg.Cursor[Any]) -> list[Job]:
-            cur.execute(self._q(f"SELECT {COLUMNS} FROM {{t}} {tail}"), params)
-            return [row_to_job(r) for r in cur.fetchall()]
-
-        return self._run(work)
+        return [row_to_job(r) for r in self._all_rows(f"SELECT {COLUMNS} FROM {{t}} {tail}", params)]
 
     def get(self, job_id: int) -> Job | None:
         found = self._select("WHERE id = %s", (job_id,))
@@ -470,47 +445,33 @@ class PostgresStorage:
         return self._select("WHERE id = ANY(%s)", (list(job_ids),)) if job_ids else []
 
     def expired(self, now: int | None, limit: int) -> list[Job]:
-        stamp = f"{_NOW_US}" if now is None else "%s"
-        params: list[Any] = [] if now is None else [now]
         return self._select(
-            f"WHERE status = 'running' AND lease_until <= {stamp} ORDER BY lease_until LIMIT %s",
-            [*params, limit],
+            f"WHERE status = 'running' AND lease_until <= {NOW} ORDER BY lease_until LIMIT %s", [now, limit]
         )
 
     def delete(self, ids: Iterable[int], statuses: Sequence[State]) -> int:
-        id_list = list(ids)
-
-        def work(cur: psycopg.Cursor[Any]) -> int:
-            cur.execute(
-                self._q("DELETE FROM {t} WHERE id = ANY(%s) AND status = ANY(%s)"),
-                (id_list, [s.value for s in statuses]),
-            )
-            return int(cur.rowcount)
-
-        return self._run(work)
+        rows = self._all_rows(
+            "DELETE FROM {t} WHERE id = ANY(%s) AND status = ANY(%s) RETURNING id",
+            [list(ids), [s.value for s in statuses]],
+        )
+        return len(rows)
 
     def purge(self, statuses: Sequence[State], older_than_us: int, now: int | None) -> int:
-        def work(cur: psycopg.Cursor[Any]) -> int:
-            before = self._now(cur, now) - older_than_us + (0 if older_than_us else 1)
-            cur.execute(
-                self._q("DELETE FROM {t} WHERE updated_at < %s AND status = ANY(%s)"),
-                (before, [s.value for s in statuses]),
-            )
-            return int(cur.rowcount)
-
-        return self._run(work)
+        row = self._one(
+            f"WITH gone AS (DELETE FROM {{t}} WHERE updated_at < {NOW} - %s AND status = ANY(%s) "
+            "RETURNING 1) SELECT count(*) FROM gone",
+            [now, older_than_us - (0 if older_than_us else 1), [s.value for s in statuses]],
+        )
+        return int(row[0]) if row else 0
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
-        def work(cur: psycopg.Cursor[Any]) -> dict[str, int]:
-            if queue is None:
-                cur.execute(self._q("SELECT status, count(*) FROM {t} GROUP BY status"))
-            else:
-                cur.execute(
-                    self._q("SELECT status, count(*) FROM {t} WHERE queue = %s GROUP BY status"), (queue,)
-                )
-            return {str(s): int(n) for s, n in cur.fetchall()}
-
-        found = self._run(work)
+        if queue is None:
+            rows = self._all_rows("SELECT status, count(*) FROM {t} GROUP BY status")
+        else:
+            rows = self._all_rows(
+                "SELECT status, count(*) FROM {t} WHERE queue = %s GROUP BY status", [queue]
+            )
+        found = {str(s): int(n) for s, n in rows}
         return {s.value: found.get(s.value, 0) for s in State}
 
     def rows(
@@ -525,15 +486,8 @@ class PostgresStorage:
             params.append(queue)
         return self._select(f"{where} ORDER BY id DESC LIMIT %s OFFSET %s", [*params, limit, offset])
 
-    def _column(self, text: str, params: Sequence[Any] = ()) -> list[Any]:
-        def work(cur: psycopg.Cursor[Any]) -> list[Any]:
-            cur.execute(self._q(text), params)
-            return [r[0] for r in cur.fetchall()]
-
-        return self._run(work)
-
     def queues(self) -> list[str]:
-        return [str(q) for q in self._column("SELECT DISTINCT queue FROM {t} ORDER BY queue")]
+        return [str(r[0]) for r in self._all_rows("SELECT DISTINCT queue FROM {t} ORDER BY queue")]
 
     def next_due(self, where: Filter) -> int | None:
         if where.tasks == () or where.queues == ():
@@ -545,20 +499,20 @@ class PostgresStorage:
         if where.queues is not None:
             text += " AND queue = ANY(%s)"
             params.append(list(where.queues))
-        found = self._column(text + " ORDER BY run_at LIMIT 1", params)
-        return int(found[0]) if found else None
+        row = self._one(text + " ORDER BY run_at LIMIT 1", params)
+        return None if row is None else int(row[0])
 
     def task_names(self, statuses: Sequence[State]) -> list[str]:
-        return [
-            str(t)
-            for t in self._column(
-                "SELECT DISTINCT task FROM {t} WHERE task IS NOT NULL AND status = ANY(%s) ORDER BY task",
-                ([s.value for s in statuses],),
-            )
-        ]
+        rows = self._all_rows(
+            "SELECT DISTINCT task FROM {t} WHERE task IS NOT NULL AND status = ANY(%s) ORDER BY task",
+            [[s.value for s in statuses]],
+        )
+        return [str(r[0]) for r in rows]
 
     def now(self) -> int | None:
-        return int(self._column(f"SELECT {_NOW_US}")[0])
+        row = self._one(f"SELECT {_NOW_US}", [])
+        assert row is not None
+        return int(row[0])
 
     def wait_for_change(self, timeout: float) -> None:
         # One thread listens for NOTIFY; the others wait to be woken by it.

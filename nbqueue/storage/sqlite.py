@@ -27,7 +27,8 @@ from ..jobs import Job, State
 from . import COLUMNS, ClaimRequest, Filter, NewJob, row_to_job
 
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+NEXT_DUE_SCAN = 10_000
 BUSY_TIMEOUT_MS = 10_000
 LOCKED_RETRY_SECONDS = 120.0  # beyond busy_timeout: contention is waited out, never surfaced
 
@@ -88,6 +89,11 @@ MIGRATIONS: dict[int, str] = {
         INSERT INTO nbqueue_counts VALUES (new.queue, new.status, 1)
             ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
     END;
+    """,
+    # Fewer indexes, faster writes: every claim now seeks the per-queue index.
+    2: """
+    DROP INDEX nbqueue_claim_any;
+    DROP INDEX nbqueue_due;
     """,
 }
 
@@ -300,9 +306,7 @@ class SQLiteStorage:
         now = _stamp(now)
         if where.tasks == ():  # a worker with no handlers: nothing it may take
             return None
-        sql, params = _claim_statement(where, worker_id, lease_us, now)
-        row = self._write(lambda conn: conn.execute(sql, params).fetchone())
-        return None if row is None else row_to_job(row)
+        return self._write(lambda conn: _claim(conn, ClaimRequest(where, worker_id, lease_us), now))
 
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
         now = _stamp(now)
@@ -340,8 +344,7 @@ class SQLiteStorage:
             if not done or then_claim is None or then_claim.where.tasks == ():
                 return done, None
             # The next claim rides in the same commit: half the fsyncs per job.
-            row = conn.execute(*_claim_statement(*then_claim, now)).fetchone()
-            return True, None if row is None else row_to_job(row)
+            return True, _claim(conn, then_claim, now)
 
         return self._write(work)
 
@@ -519,14 +522,21 @@ class SQLiteStorage:
     def next_due(self, where: Filter) -> int | None:
         if where.tasks == () or where.queues == ():
             return None
-        task_sql, params = _in("task", where.tasks)
-        queue_sql, queue_params = _in("queue", where.queues)
-        rows = self._read(
-            f"SELECT run_at FROM nbqueue_jobs INDEXED BY nbqueue_due WHERE {_CLAIMABLE_SQL}"
-            f"{task_sql}{queue_sql} ORDER BY run_at LIMIT 1",
-            (*params, *queue_params),
+        task_sql, task_params = _in("task", where.tasks)
+        # The earliest run_at among the first rows of each queue's claim index: exact unless a
+        # queue holds over NEXT_DUE_SCAN waiting jobs, and the worker re-checks every moment anyway.
+        sql = (
+            f"SELECT min(run_at) FROM (SELECT run_at FROM nbqueue_jobs INDEXED BY nbqueue_claim_queue "
+            f"WHERE {_CLAIMABLE_SQL} AND queue = ?{task_sql} LIMIT {NEXT_DUE_SCAN})"
         )
-        return int(rows[0][0]) if rows else None
+
+        def work(conn: sqlite3.Connection) -> int | None:
+            queues = where.queues if where.queues is not None else _waiting_queues(conn)
+            found = [conn.execute(sql, (q, *task_params)).fetchone()[0] for q in queues]
+            due = [int(f) for f in found if f is not None]
+            return min(due) if due else None
+
+        return self._retrying(work)
 
     def task_names(self, statuses: Sequence[State]) -> list[str]:
         src_sql, params = _in("status", tuple(s.value for s in statuses))
@@ -566,28 +576,19 @@ class SQLiteStorage:
 
 
 @lru_cache(maxsize=256)
-def _claim_sql(queues: tuple[str, ...] | None, n_tasks: int | None) -> str:
-    task_sql = (
-        ""
-        if n_tasks is None
-        else (" AND 0" if n_tasks == 0 else f" AND task IN ({', '.join('?' * n_tasks)})")
+def _claim_sql(n_queues: int, n_tasks: int | None) -> str:
+    task_sql = "" if n_tasks is None else f" AND task IN ({', '.join('?' * n_tasks)})"
+    # One index seek per queue, then the best of those few candidates.
+    branch = (
+        f"SELECT * FROM (SELECT id, priority, run_at FROM nbqueue_jobs "
+        f"INDEXED BY nbqueue_claim_queue WHERE {_CLAIMABLE_SQL} AND queue = ? "
+        f"AND run_at <= ?{task_sql} ORDER BY priority DESC, run_at, id LIMIT 1)"
     )
-    if queues is None:
-        pick = (
-            f"SELECT id FROM nbqueue_jobs INDEXED BY nbqueue_claim_any WHERE {_CLAIMABLE_SQL} "
-            f"AND run_at <= ?{task_sql} ORDER BY priority DESC, run_at, id LIMIT 1"
-        )
-    else:
-        # One index seek per queue, then the best of those few candidates.
-        branch = (
-            f"SELECT * FROM (SELECT id, priority, run_at FROM nbqueue_jobs "
-            f"INDEXED BY nbqueue_claim_queue WHERE {_CLAIMABLE_SQL} AND queue = ? "
-            f"AND run_at <= ?{task_sql} ORDER BY priority DESC, run_at, id LIMIT 1)"
-        )
-        pick = (
-            "SELECT id FROM (" + " UNION ALL ".join([branch] * len(queues)) + ") "
-            "ORDER BY priority DESC, run_at, id LIMIT 1"
-        )
+    pick = (
+        "SELECT id FROM ("
+        + " UNION ALL ".join([branch] * n_queues)
+        + ") ORDER BY priority DESC, run_at, id LIMIT 1"
+    )
     return (
         "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = ?, "
         "lease_until = ?, lease_us = ?, started_at = ?, updated_at = ? "
@@ -595,12 +596,31 @@ def _claim_sql(queues: tuple[str, ...] | None, n_tasks: int | None) -> str:
     )
 
 
-def _claim_statement(where: Filter, worker_id: str, lease_us: int, now: int) -> tuple[str, list[Any]]:
-    """The single UPDATE ... WHERE id = (SELECT ... LIMIT 1) RETURNING that claims a job."""
+def _waiting_queues(conn: sqlite3.Connection) -> tuple[str, ...]:
+    """The queues that hold claimable jobs, from the counts table (a handful of rows)."""
+    rows = conn.execute(
+        "SELECT queue FROM nbqueue_counts WHERE status IN ('pending', 'failed') AND n > 0"
+    ).fetchall()
+    return tuple(dict.fromkeys(r[0] for r in rows))
+
+
+def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Job | None:
+    """The single UPDATE ... WHERE id = (SELECT ... LIMIT 1) RETURNING that claims a job.
+
+    Run inside the caller's BEGIN IMMEDIATE. "Every queue" means every queue that has
+    claimable jobs now, so one index, (queue, priority, run_at, id), serves every claim.
+    """
+    where, worker_id, lease_us = request
+    if where.tasks == ():
+        return None
+    queues = where.queues if where.queues is not None else _waiting_queues(conn)
+    if not queues:
+        return None
     tasks = list(where.tasks) if where.tasks is not None else []
-    sql = _claim_sql(where.queues, None if where.tasks is None else len(tasks))
-    picks = [now, *tasks] if where.queues is None else [p for q in where.queues for p in (q, now, *tasks)]
-    return sql, [worker_id, now + lease_us, lease_us, now, now, *picks]
+    sql = _claim_sql(len(queues), None if where.tasks is None else len(tasks))
+    picks = [p for q in queues for p in (q, now, *tasks)]
+    row = conn.execute(sql, [worker_id, now + lease_us, lease_us, now, now, *picks]).fetchone()
+    return None if row is None else row_to_job(row)
 
 
 def _stamp(now: int | None) -> int:

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from .clock import ManualClock
+from .context import Cancelled, cancelled, progress
 from .errors import (
     DatabaseFull,
     InvalidArgument,
@@ -23,7 +24,7 @@ from .errors import (
     TaskNotFound,
     WaitTimeout,
 )
-from .jobs import Job, State
+from .jobs import Job, Progress, State
 from .queue import Queue
 from .retry import Backoff
 from .tasks import Task
@@ -36,6 +37,7 @@ logging.getLogger("nbqueue").addHandler(logging.NullHandler())
 
 __all__ = [
     "Backoff",
+    "Cancelled",
     "DatabaseFull",
     "InvalidArgument",
     "InvalidTransition",
@@ -48,6 +50,7 @@ __all__ = [
     "NbqueueError",
     "NotAQueueDatabase",
     "PayloadError",
+    "Progress",
     "Queue",
     "ReadOnlyDatabase",
     "SchemaTooNew",
@@ -58,6 +61,8 @@ __all__ = [
     "WaitTimeout",
     "Worker",
     "__version__",
+    "cancelled",
+    "progress",
 ]
 
 

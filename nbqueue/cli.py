@@ -79,6 +79,18 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run notebook code jobs (%%%%enqueue cells): only for trusted queues",
     )
+    w.add_argument(
+        "--mode",
+        choices=["thread", "process"],
+        default="thread",
+        help="process: each job in a child process, killed at its timeout or on cancel",
+    )
+    w.add_argument(
+        "--retention",
+        type=duration,
+        default=None,
+        help="prune completed jobs older than this (like 7d); dead jobs are kept",
+    )
     w.add_argument("--verbose", "-v", action="store_true", help="log each job")
     j = cmd["jobs"]
     j.add_argument("--status", "-s", choices=[s.value for s in State], help="only this state")
@@ -135,7 +147,14 @@ def _worker(queue: Queue, args: argparse.Namespace) -> int:
     from . import tasks as registry  # noqa: PLC0415
 
     allow = [n for n in registry.names() if registry.lookup(n).opt_in] if args.allow_code else []
-    worker = queue.worker(queues=args.queues, concurrency=args.concurrency, lease=args.lease, allow=allow)
+    worker = queue.worker(
+        queues=args.queues,
+        concurrency=args.concurrency,
+        lease=args.lease,
+        allow=allow,
+        mode=args.mode,
+        retention=args.retention,
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

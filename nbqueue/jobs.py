@@ -65,6 +65,26 @@ def check_transition(job_id: int, current: State | str, target: State | str) -> 
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a running job says it is: `done` of `total` (total may be unknown)."""
+
+    done: float
+    total: float | None = None
+    message: str = ""
+
+    @property
+    def fraction(self) -> float | None:
+        """done / total, between 0 and 1; None when the total is unknown."""
+        if not self.total:
+            return None
+        return max(0.0, min(1.0, self.done / self.total))
+
+    def __str__(self) -> str:
+        amount = f"{self.done:g}" if self.total is None else f"{self.done:g}/{self.total:g}"
+        return f"{amount} {self.message}".strip()
+
+
 @dataclass(slots=True, eq=False, repr=False)
 class Job:
     """One unit of work, as last read from the queue. `refresh()` re-reads it."""
@@ -91,6 +111,9 @@ class Job:
     output: str | None = None
     backoff: dict[str, float] | None = None
     result_json: str | None = field(default=None, repr=False)
+    progress_done: float | None = None
+    progress_total: float | None = None
+    progress_message: str | None = None
     _queue: Queue | None = field(default=None, repr=False)
 
     @property
@@ -111,6 +134,13 @@ class Job:
     def finished(self) -> bool:
         """True once the job is completed, dead or cancelled."""
         return self.status in FINISHED
+
+    @property
+    def progress(self) -> Progress | None:
+        """What the job last reported with `nbqueue.progress()` (None if nothing)."""
+        if self.progress_done is None:
+            return None
+        return Progress(self.progress_done, self.progress_total, self.progress_message or "")
 
     @property
     def value(self) -> Any:

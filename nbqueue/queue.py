@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 from . import payload as payload_json
+from . import schedule
 from . import tasks as registry
 from .clock import Clock, Duration, from_us, seconds, system_clock, to_us, utc_seconds
 from .errors import (
@@ -103,6 +104,8 @@ class Queue:
         queue: str = "default",
         priority: int = 0,
         timeout: Duration | None = None,
+        on_complete: Callable[[Job], object] | None = None,
+        on_dead: Callable[[Job], object] | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -116,11 +119,15 @@ class Queue:
         queue: str = "default",
         priority: int = 0,
         timeout: Duration | None = None,
+        on_complete: Callable[[Job], object] | None = None,
+        on_dead: Callable[[Job], object] | None = None,
     ) -> Any:
         """Register a function as a task: ``@q.task`` or ``@q.task(max_retries=5, ...)``.
 
         The name defaults to the function's module-qualified name. Registration is
         process-wide: any worker in this process runs the task, whatever Queue it works.
+        `on_complete(job)` and `on_dead(job)` run in the worker after the outcome is
+        committed; an error in a hook is logged, never lost silently.
         """
 
         def wrap(f: Callable[..., Any]) -> Task[Any, Any]:
@@ -140,11 +147,74 @@ class Queue:
                 queue_name=queue,
                 priority=_check_priority(priority),
                 timeout=seconds(timeout, "timeout"),
+                on_complete=_check_hook(on_complete, "on_complete"),
+                on_dead=_check_hook(on_dead, "on_dead"),
             )
             registry.register(task)
             return task
 
         return wrap(fn) if fn is not None else wrap
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: Duration | None = None,
+        name: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        max_retries: int = 3,
+        queue: str = "default",
+        priority: int = 0,
+        timeout: Duration | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """A task its workers enqueue on a schedule: ``@q.periodic(cron="*/5 * * * *")``.
+
+        Or ``every=timedelta(minutes=5)``. Each slot is enqueued exactly once however
+        many workers run; slots missed while no worker ran give one job, not a burst.
+        """
+        plan = schedule.make(cron, every)
+
+        def wrap(fn: Callable[P, R]) -> Task[P, R]:
+            task = self.task(
+                name=name, max_retries=max_retries, queue=queue, priority=priority, timeout=timeout
+            )(fn)
+            payload_json.dumps(list(args), "args")
+            payload_json.dumps(kwargs or {}, "kwargs")
+            registry.register_periodic(registry.Periodic(task, plan, tuple(args), dict(kwargs or {})))
+            return task
+
+        return wrap
+
+    def _tick_periodic(self, names: Sequence[str] | None = None) -> list[str]:
+        """Enqueue the due slot of each periodic task (the worker calls this every second)."""
+        now_us = self._clock_us()
+        moment = from_us(now_us)
+        assert moment is not None
+        enqueued = []
+        for periodic in registry.periodics():
+            task = periodic.task
+            if names is not None and task.name not in names:
+                continue
+            slot = periodic.schedule.latest(moment)
+            if slot is None:
+                continue
+            body = payload_json.dumps({"args": list(periodic.args), "kwargs": periodic.kwargs}, "arguments")
+            new = self._new_job(
+                task.name,
+                body,
+                task.queue_name,
+                task.max_retries,
+                None,
+                None,
+                task.priority,
+                f"periodic:{task.name}:{slot.isoformat()}",
+                task.timeout,
+                payload_json.dumps((task.backoff or self.backoff).to_dict(), "backoff"),
+            )
+            if self.storage.periodic(task.name, to_us(slot.timestamp()), new, self._now()):
+                enqueued.append(task.name)
+        return enqueued
 
     def enqueue(
         self,
@@ -387,7 +457,11 @@ class Queue:
 
     def recover(self) -> int:
         """Fail every job whose lease expired (a crashed worker): retry or dead by its rules."""
-        recovered = 0
+        return len(self._recover())
+
+    def _recover(self) -> list[tuple[Job, State]]:
+        """Recover expired leases; each recovered job with the state it moved to."""
+        recovered = []
         while True:
             now = self._now()
             batch = self.storage.expired(now, RECOVER_BATCH)
@@ -403,7 +477,7 @@ class Queue:
                     now,
                     expired=True,
                 ):
-                    recovered += 1
+                    recovered.append((self._attach(job), status))
             if len(batch) < RECOVER_BATCH:
                 return recovered
 
@@ -491,8 +565,12 @@ class Queue:
         self,
         status: str | Sequence[str] = "completed",
         older_than: Duration | None = None,
+        limit: int | None = None,
     ) -> int:
-        """Delete finished jobs in `status` not updated for `older_than`; returns how many."""
+        """Delete finished jobs in `status` not updated for `older_than`; returns how many.
+
+        `limit` deletes at most that many (oldest first), for pruning in small batches.
+        """
         statuses = _statuses(status)
         for s in statuses:
             if s not in FINISHED:
@@ -500,7 +578,9 @@ class Queue:
                     f"purge removes finished jobs (completed, dead, cancelled), not {s.value} ones"
                 )
         age = seconds(older_than, "older_than") or 0.0
-        return self.storage.purge(statuses, to_us(age), self._now())
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise InvalidArgument(f"limit must be a whole number >= 1, not {limit!r}")
+        return self.storage.purge(statuses, to_us(age), self._now(), limit)
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Jobs per state, every state present: {"pending": n, "running": n, ...}."""
@@ -570,11 +650,17 @@ class Queue:
         try:
             while True:
                 waiting = [i for i in ids if i not in done]
+                partial = 0.0  # running jobs count by the progress they report
                 for job in self.get_many(waiting):
                     if job.finished:
                         done[job.id] = job
+                    elif job.progress is not None and job.progress.fraction is not None:
+                        partial += job.progress.fraction
+                        if bar is not None and len(ids) == 1 and job.progress.message:
+                            bar.set_postfix_str(job.progress.message[:40], refresh=False)
                 if bar is not None:
-                    bar.update(len(done) - bar.n)
+                    bar.n = round(len(done) + partial, 2)
+                    bar.refresh()
                 if len(done) == len(ids):
                     return [done[i] for i in ids]
                 if deadline is not None and time.monotonic() >= deadline:
@@ -642,6 +728,12 @@ def _check_name(value: object, what: str) -> str:
     if len(value) > 1000 or "\x00" in value:
         raise InvalidArgument(f"{what} must be under 1000 characters with no NUL byte")
     return value
+
+
+def _check_hook(hook: Callable[[Job], object] | None, what: str) -> Callable[[Job], object] | None:
+    if hook is not None and not callable(hook):
+        raise InvalidArgument(f"{what} must be a function taking the Job, not {hook!r}")
+    return hook
 
 
 def _check_priority(value: object) -> int:

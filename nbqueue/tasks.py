@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .clock import Duration
 from .errors import InvalidArgument, TaskNotFound
 from .retry import Backoff
+from .schedule import Cron, Every
 
 if TYPE_CHECKING:
     from .jobs import Job
@@ -36,6 +37,8 @@ class Task(Generic[P, R]):
     priority: int = 0
     timeout: float | None = None
     opt_in: bool = False  # run only by workers that allow it by name (notebook code jobs)
+    on_complete: Callable[[Job], object] | None = None  # called after the outcome is committed
+    on_dead: Callable[[Job], object] | None = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the function here and now, without the queue."""
@@ -80,6 +83,31 @@ class Task(Generic[P, R]):
         return f"<nbqueue task {self.name!r} queue={self.queue_name!r} max_retries={self.max_retries}>"
 
 
+@dataclass(frozen=True)
+class Periodic:
+    """A task enqueued on a schedule, with fixed arguments."""
+
+    task: Task[Any, Any]
+    schedule: Every | Cron
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_periodic: dict[str, Periodic] = {}
+
+
+def register_periodic(periodic: Periodic) -> None:
+    """Make every worker in this process enqueue `periodic` on its schedule."""
+    with _registry_lock:
+        _periodic[periodic.task.name] = periodic
+
+
+def periodics() -> tuple[Periodic, ...]:
+    """Every periodic task registered in this process, as a snapshot."""
+    with _registry_lock:
+        return tuple(_periodic.values())
+
+
 def default_name(fn: Callable[..., Any]) -> str:
     """The module-qualified name a task gets when none is given."""
     return f"{fn.__module__}.{fn.__qualname__}"
@@ -95,6 +123,7 @@ def unregister(name: str) -> None:
     """Forget a task (for tests and notebooks that redefine things)."""
     with _registry_lock:
         _registry.pop(name, None)
+        _periodic.pop(name, None)
 
 
 def lookup(name: str) -> Task[Any, Any]:

@@ -3,22 +3,28 @@
 The only module with threads. It never writes to stdout or stderr (in a
 notebook that output would land in whatever cell is running): it logs
 through `logging`, and what a job prints is captured into the job's record.
+A keeper thread heartbeats running jobs, recovers expired leases, enforces
+timeouts, notices cancellations, enqueues periodic tasks and prunes old jobs.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from . import tasks as registry
 from .clock import Duration, seconds, to_us
+from .context import JobContext, running
 from .errors import InvalidArgument, LeaseLost, NbqueueError, PayloadError, WaitTimeout
-from .jobs import Job
+from .isolation import run_in_child
+from .jobs import Job, State
 from .queue import Queue, _queues, default_worker_id
 from .storage import ClaimRequest, Filter
 
@@ -26,6 +32,18 @@ log = logging.getLogger("nbqueue.worker")
 
 MAX_OUTPUT = 64 * 1024  # keep the tail of what a job prints
 IDLE_RECHECK = 0.5  # seconds an idle thread sleeps before re-reading the due time
+WATCH_EVERY = 1.0  # seconds between checks for cancelled jobs and periodic slots
+PRUNE_BATCH = 500
+
+
+@dataclass
+class Flight:
+    """A job this worker is running: its claim, when it started, its context, its runner."""
+
+    job: Job
+    started: float
+    context: JobContext
+    runner: threading.Thread = field(default_factory=threading.current_thread)
 
 
 class Worker:
@@ -36,6 +54,9 @@ class Worker:
         queues: queue names to take jobs from (None = every queue).
         concurrency: how many jobs run at once (one thread each).
         lease: seconds a claim lasts; heartbeats renew it while a job runs.
+        mode: "thread" runs handlers in the worker's threads; "process" runs each
+            job in a child process that is killed at its timeout or on cancel.
+        retention: prune completed jobs older than this, in small batches (None: keep).
         tasks: task names this worker may run (None = every registered task
             that does not need an opt-in, plus those in `allow`).
     """
@@ -47,17 +68,23 @@ class Worker:
         concurrency: int = 1,
         lease: Duration = 60,
         *,
+        mode: str = "thread",
+        retention: Duration | None = None,
         tasks: Sequence[str] | None = None,
         allow: Sequence[str] = (),
         worker_id: str | None = None,
         recover_interval: Duration | None = None,
     ) -> None:
+        if mode not in ("thread", "process"):
+            raise InvalidArgument(f"mode must be 'thread' or 'process', not {mode!r}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidArgument(f"concurrency must be a whole number >= 1, not {concurrency!r}")
         lease_s = seconds(lease, "lease", allow_none=False) or 0.0
         if lease_s < 0.05:
             raise InvalidArgument(f"lease must be at least 0.05 seconds, not {lease_s}")
         self.queue = queue
+        self.mode = mode
+        self.retention = seconds(retention, "retention")
         self.queues = _queues(queues)
         self.concurrency = concurrency
         self.lease = lease_s
@@ -73,7 +100,8 @@ class Worker:
         self._stopping = threading.Event()
         self._state = threading.Condition()
         self._busy = 0  # threads claiming or running; guarded by _state
-        self._in_flight: dict[int, tuple[Job, float]] = {}  # id -> (claim, monotonic start)
+        self._in_flight: dict[int, Flight] = {}
+        self._retired: set[threading.Thread] = set()  # runners stuck in a timed-out handler
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -87,13 +115,12 @@ class Worker:
         if self.running:
             return self
         self._stopping.clear()
-        self._threads = [
-            threading.Thread(target=self._run_loop, name=f"nbqueue-worker-{i}", daemon=True)
-            for i in range(self.concurrency)
-        ]
-        self._threads.append(threading.Thread(target=self._keeper, name="nbqueue-keeper", daemon=True))
-        for thread in self._threads:
-            thread.start()
+        self._threads = []
+        for _ in range(self.concurrency):
+            self._spawn_runner()
+        keeper = threading.Thread(target=self._keeper, name="nbqueue-keeper", daemon=True)
+        self._threads.append(keeper)
+        keeper.start()
         log.info(
             "worker %s started: concurrency %d, queues %s",
             self.worker_id,
@@ -115,7 +142,9 @@ class Worker:
             if thread.name != "nbqueue-keeper":
                 thread.join(max(0.0, deadline - time.monotonic()))
         with self._state:
-            stuck = [job for job, _ in self._in_flight.values()]
+            stuck = [flight.job for flight in self._in_flight.values()]
+            for flight in self._in_flight.values():
+                flight.context.cancel.set()
             self._in_flight.clear()
         for job in stuck:
             try:
@@ -126,7 +155,7 @@ class Worker:
         for thread in self._threads:
             if thread.name == "nbqueue-keeper":
                 thread.join(max(0.1, deadline - time.monotonic()))
-        alive = [t for t in self._threads if t.is_alive()]
+        alive = [t for t in self._threads if t.is_alive() and t not in self._retired]
         self._threads = alive
         return not alive
 
@@ -166,6 +195,7 @@ class Worker:
             "running": self.running,
             "concurrency": self.concurrency,
             "queues": list(self.queues) if self.queues else None,
+            "mode": self.mode,
             "in_flight": in_flight,
             "completed": self.completed,
             "failed": self.failed,
@@ -193,11 +223,18 @@ class Worker:
     def _request(self) -> ClaimRequest:
         return ClaimRequest(self._filter(), self.worker_id, to_us(self.lease))
 
+    def _spawn_runner(self) -> None:
+        runner = threading.Thread(
+            target=self._run_loop, name=f"nbqueue-worker-{len(self._threads)}", daemon=True
+        )
+        self._threads.append(runner)
+        runner.start()
+
     def _run_loop(self) -> None:
         job: Job | None = None
         while True:
             if job is None:  # `_busy` counts this thread from its claim until it holds no job
-                if self._stopping.is_set():
+                if self._stopping.is_set() or threading.current_thread() in self._retired:
                     return
                 with self._state:
                     self._busy += 1
@@ -230,24 +267,36 @@ class Worker:
 
     def _execute(self, job: Job) -> Job | None:
         """Run one job and record its outcome; returns the next job if one was claimed with it."""
+        flight = Flight(job, time.monotonic(), JobContext(self.queue, job))
         with self._state:
-            self._in_flight[job.id] = (job, time.monotonic())
+            self._in_flight[job.id] = flight
         buffer = io.StringIO()
         outcome: tuple[str, Any]
         try:
             handler = registry.lookup(job.task or "")
-            with _captured(buffer):
-                value = handler.fn(*job.args, **job.kwargs)
-            outcome = ("ok", value)
+            if self.mode == "process":
+                kind, value, printed = run_in_child(
+                    str(self.queue.target), job, handler.fn, flight.context.cancel, job.timeout
+                )
+                buffer.write(printed or "")
+                outcome = (kind, json.loads(value) if kind == "ok" else value)
+            else:
+                with _captured(buffer), running(flight.context):
+                    outcome = ("ok", handler.fn(*job.args, **job.kwargs))
         except BaseException as exc:  # a handler's failure is the job's, never the worker's
             outcome = ("error", exc)
         finally:
             with self._state:
                 owned = self._in_flight.pop(job.id, None) is not None
         output = _tail(buffer.getvalue())
+        if flight.context.cancel.is_set() or outcome[0] == "cancelled":
+            log.info("job %d stopped: cancelled, timed out or released", job.id)
+            return None
         if not owned:  # timed out or released meanwhile: the lease is gone
             log.warning("job %d finished after its claim was given up; result discarded", job.id)
             return None
+        if outcome[0] == "timeout":
+            outcome = ("error", outcome[1])
         return self._report(job, outcome, output)
 
     def _report(self, job: Job, outcome: tuple[str, Any], output: str | None) -> Job | None:
@@ -258,12 +307,15 @@ class Worker:
                     then = None if self._stopping.is_set() else self._request()
                     following = self.queue._complete(job, value, output, then)
                     self._tally(completed=1)
+                    self._hook(job, "on_complete")
                     return following
                 except PayloadError as exc:
                     value = exc
             verdict = self.queue.fail(job, value, output=output)
             self._tally(failed=1)
             log.info("job %d failed (%s): %s", job.id, verdict, _last_line(value))
+            if verdict == "dead":
+                self._hook(job, "on_dead")
         except LeaseLost as exc:
             log.warning("%s", exc)
         except NbqueueError:
@@ -274,47 +326,97 @@ class Worker:
 
     def _keeper(self) -> None:
         beat_every = self.lease / 3
-        last_beat = last_recover = 0.0
+        last_beat = last_recover = last_watch = last_prune = 0.0
         while not self._stopping.is_set():
             now = time.monotonic()
             if now - last_recover >= self.recover_interval:
                 last_recover = now
-                self._guard(self.queue.recover)
+                self._guard(self._recover)
             if now - last_beat >= beat_every:
                 last_beat = now
                 self._beat()
-            self._expire_timeouts()
+            if now - last_watch >= WATCH_EVERY:
+                last_watch = now
+                self._guard(self._watch_cancellations)
+                self._guard(lambda: self.queue._tick_periodic(self._filter().tasks))
+            if self.retention is not None and now - last_prune >= min(60.0, max(1.0, self.retention / 10)):
+                last_prune = now
+                self._guard(self._prune)
+            if self.mode == "thread":
+                self._expire_timeouts()
             self._stopping.wait(min(beat_every, self.recover_interval, 0.25))
+
+    def _recover(self) -> None:
+        for job, state in self.queue._recover():
+            if state is State.DEAD:
+                self._hook(job, "on_dead")
 
     def _beat(self) -> None:
         with self._state:
-            jobs = [job for job, _ in self._in_flight.values()]
-        for job in jobs:
+            flights = list(self._in_flight.values())
+        for flight in flights:
             try:
-                self.queue.heartbeat(job)
-            except LeaseLost as exc:
+                self.queue.heartbeat(flight.job)
+            except LeaseLost as exc:  # cancelled, or taken over: tell the handler to stop
                 log.warning("%s", exc)
+                flight.context.cancel.set()
                 with self._state:
-                    self._in_flight.pop(job.id, None)
+                    self._in_flight.pop(flight.job.id, None)
             except NbqueueError:
-                log.exception("heartbeat for job %d failed", job.id)
+                log.exception("heartbeat for job %d failed", flight.job.id)
+
+    def _watch_cancellations(self) -> None:
+        """A running job cancelled with q.cancel(): set its flag (process mode kills the child)."""
+        with self._state:
+            flights = {flight.job.id: flight for flight in self._in_flight.values()}
+        if not flights:
+            return
+        for fresh in self.queue.storage.get_many(list(flights)):
+            flight = flights[fresh.id]
+            if fresh.status is not State.RUNNING or fresh.attempts != flight.job.attempts:
+                flight.context.cancel.set()
 
     def _expire_timeouts(self) -> None:
         now = time.monotonic()
         with self._state:
             late = [
-                job
-                for job, start in self._in_flight.values()
-                if job.timeout is not None and now - start > job.timeout
+                flight
+                for flight in self._in_flight.values()
+                if flight.job.timeout is not None and now - flight.started > flight.job.timeout
             ]
-            for job in late:
-                self._in_flight.pop(job.id, None)
-        for job in late:
+            for flight in late:
+                self._in_flight.pop(flight.job.id, None)
+                flight.context.cancel.set()  # progress() raises Cancelled in a cooperative handler
+                self._retired.add(flight.runner)
+        for flight in late:
+            job = flight.job
             try:
-                self.queue.fail(job, f"timed out after {job.timeout:g} s")
+                verdict = self.queue.fail(job, f"timed out after {job.timeout:g} s")
                 self._tally(failed=1)
+                if verdict == "dead":
+                    self._hook(job, "on_dead")
             except NbqueueError as exc:
                 log.warning("could not fail timed-out job %d: %s", job.id, exc)
+            if not self._stopping.is_set():  # the stuck thread keeps its handler; work goes on
+                self._spawn_runner()
+
+    def _prune(self) -> None:
+        while not self._stopping.is_set():
+            if self.queue.purge("completed", older_than=self.retention, limit=PRUNE_BATCH) < PRUNE_BATCH:
+                return
+
+    def _hook(self, job: Job, which: str) -> None:
+        """Run a task's on_complete / on_dead hook; its errors are logged, never raised."""
+        try:
+            hook = getattr(registry.lookup(job.task or ""), which)
+        except NbqueueError:
+            return
+        if hook is None:
+            return
+        try:
+            hook(job if which == "on_complete" else self.queue.get(job.id))
+        except Exception:
+            log.exception("%s hook of task %s failed for job %d", which, job.task, job.id)
 
     def _tally(self, completed: int = 0, failed: int = 0) -> None:
         with self._state:

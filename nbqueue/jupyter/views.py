@@ -49,6 +49,23 @@ def _when(job: Job) -> str:
     return job.updated_at.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _progress_cell(job: Job) -> str:
+    """A small bar and the message a job reported with nbqueue.progress()."""
+    progress = job.progress
+    if progress is None or job.status is State.COMPLETED:
+        return ""
+    message = html.escape(progress.message[:60])
+    if progress.fraction is None:
+        return f"<span class='nbqueue-progress'>{progress.done:g} {message}</span>"
+    percent = round(progress.fraction * 100)
+    return (
+        f"<span class='nbqueue-progress' data-percent='{percent}' style='white-space:nowrap'>"
+        f"<span style='display:inline-block;width:80px;height:8px;background:#e9ecef;border-radius:4px;"
+        f"vertical-align:middle'><span style='display:block;width:{percent}%;height:8px;"
+        f"background:{COLOURS[job.status]};border-radius:4px'></span></span> {percent}% {message}</span>"
+    )
+
+
 def _error_cell(job: Job) -> str:
     error = html.escape(_last_line(job.error)[:120])
     if error and job.status is State.COMPLETED:  # kept in history; say it is not current
@@ -60,7 +77,7 @@ def jobs_table(jobs: list[Job]) -> str:
     """An HTML table of jobs (escaped), one row each."""
     head = "".join(
         f"<th style='text-align:left;padding:2px 8px'>{h}</th>"
-        for h in ("id", "task", "queue", "status", "runs", "updated (UTC)", "last error")
+        for h in ("id", "task", "queue", "status", "runs", "updated (UTC)", "progress", "last error")
     )
     rows = []
     for job in jobs:
@@ -71,6 +88,7 @@ def jobs_table(jobs: list[Job]) -> str:
             f"<span style='color:{COLOURS[job.status]};font-weight:600'>{job.status.value}</span>",
             f"{job.attempts}",
             _when(job),
+            _progress_cell(job),
             _error_cell(job),
         )
         escaped = [html.escape(c) if i in (1, 2) else c for i, c in enumerate(cells)]
@@ -79,7 +97,7 @@ def jobs_table(jobs: list[Job]) -> str:
             + "".join(f"<td style='text-align:left;padding:2px 8px'>{c}</td>" for c in escaped)
             + "</tr>"
         )
-    body = "".join(rows) or "<tr><td colspan='7' style='padding:2px 8px'><i>no jobs</i></td></tr>"
+    body = "".join(rows) or "<tr><td colspan='8' style='padding:2px 8px'><i>no jobs</i></td></tr>"
     return f"<table class='nbqueue-jobs'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -96,11 +114,12 @@ def job_detail(job: Job | None) -> str:
             f"background:#f6f8fa;padding:6px'>{html.escape(text)}</pre></div>"
         )
 
+    progress = f" · progress {html.escape(str(job.progress))}" if job.progress is not None else ""
     facts = (
         f"<b>job {job.id}</b> · {html.escape(job.task or '(payload)')} · queue "
         f"{html.escape(job.queue)} · <span style='color:{COLOURS[job.status]}'>{job.status.value}</span>"
         f" · runs {job.attempts} · retries {job.retries}/{job.max_retries} · priority {job.priority}"
-        f" · run at {job.run_at:%Y-%m-%d %H:%M:%S} UTC"
+        f" · run at {job.run_at:%Y-%m-%d %H:%M:%S} UTC{progress}"
     )
     return (
         f"<div class='nbqueue-detail' data-job-id='{job.id}'>{facts}"
@@ -193,6 +212,8 @@ class JobBoard(_LiveView):
         self.page_label = widgets.HTML()
         self.table = widgets.HTML()
         self.job_select = widgets.Dropdown(options=[(NO_JOB, 0)], value=0, description="job")
+        self.cancel_button = widgets.Button(description="Cancel job", icon="stop", disabled=True)
+        self.message = widgets.HTML()
         self.detail = widgets.HTML()
         self.children = [
             self.title,
@@ -201,7 +222,7 @@ class JobBoard(_LiveView):
             widgets.HBox([self.status_filter, self.queue_filter, self.refresh_button]),
             self.table,
             widgets.HBox([self.newer, self.page_label, self.older]),
-            self.job_select,
+            widgets.HBox([self.job_select, self.cancel_button, self.message]),
             self.detail,
         ]
         self.add_class("nbqueue-board")
@@ -209,6 +230,7 @@ class JobBoard(_LiveView):
         self.queue_filter.observe(self._filter_changed, names="value")
         self.job_select.observe(lambda _change: self._show_detail(), names="value")
         self.refresh_button.on_click(lambda _b: self.refresh())
+        self.cancel_button.on_click(lambda _b: self._cancel())
         self.newer.on_click(lambda _b: self._turn(-1))
         self.older.on_click(lambda _b: self._turn(+1))
         self.refresh()
@@ -277,7 +299,19 @@ class JobBoard(_LiveView):
             job = self.queue.get(job_id) if job_id else None
         except NbqueueError:
             job = None
+        self.cancel_button.disabled = job is None or job.finished
         self.detail.value = job_detail(job)
+
+    def _cancel(self) -> None:
+        """Cancel the selected job; a running one is told to stop (process mode kills it)."""
+        job_id = self.job_select.value
+        with self._lock:
+            try:
+                self.queue.cancel(job_id)
+                self.message.value = f"<span class='nbqueue-message'>cancelled job {job_id}</span>"
+            except NbqueueError as exc:
+                self.message.value = f"<span style='color:#dc3545'>{html.escape(str(exc))}</span>"
+            self.refresh()
 
 
 class DeadLetterView(_LiveView):

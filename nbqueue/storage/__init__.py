@@ -21,7 +21,7 @@ from ..jobs import Job, State
 COLUMNS = (
     "id, status, queue, task, payload, priority, key, retries, max_retries, attempts, error, "
     "run_at, created_at, updated_at, started_at, finished_at, lease_until, worker_id, timeout, "
-    "output, backoff, result"
+    "output, backoff, result, progress_done, progress_total, progress_message"
 )
 
 
@@ -120,6 +120,20 @@ class Storage(Protocol):
         """Move jobs (None = every job in `sources`) to target; cancel and requeue."""
         ...
 
+    def progress(
+        self, job_id: int, attempt: int, done: float, total: float | None, message: str, now: int | None
+    ) -> bool:
+        """Record a running job's progress; False if the claim is gone (cancelled, timed out)."""
+        ...
+
+    def periodic(self, name: str, slot_us: int, job: NewJob, now: int | None) -> bool:
+        """Move `name`'s last slot forward to `slot_us` and enqueue `job` with it, atomically.
+
+        False if a slot at or after `slot_us` was already taken (by any worker), or if
+        `name` was never seen: then the slot is only recorded.
+        """
+        ...
+
     def get(self, job_id: int) -> Job | None:
         """One job, or None."""
         ...
@@ -136,8 +150,10 @@ class Storage(Protocol):
         """Delete those jobs among ids that are in one of `statuses`."""
         ...
 
-    def purge(self, statuses: Sequence[State], older_than_us: int, now: int | None) -> int:
-        """Delete jobs in `statuses` not updated for `older_than_us` (0: all of them)."""
+    def purge(
+        self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
+    ) -> int:
+        """Delete jobs in `statuses` not updated for `older_than_us` (0: all; at most `limit`)."""
         ...
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
@@ -204,6 +220,9 @@ def row_to_job(row: Sequence[Any]) -> Job:
         output=row[19],
         backoff=json.loads(row[20]) if row[20] else None,
         result_json=row[21],
+        progress_done=row[22],
+        progress_total=row[23],
+        progress_message=row[24],
     )
 
 

@@ -37,7 +37,7 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the extra
     raise MissingDependency("PostgreSQL queues need psycopg 3: pip install 'nbqueue[postgres]'") from None
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 T = TypeVar("T")
 _STATES = ", ".join(f"'{s.value}'" for s in State)
 _CLAIMABLE = "status IN ('pending', 'failed')"
@@ -82,6 +82,12 @@ MIGRATIONS: dict[int, list[str]] = {
         f"WHERE key IS NOT NULL AND {_UNFINISHED}",
         "CREATE INDEX nbqueue_lease ON {s}.nbqueue_jobs (lease_until) WHERE status = 'running'",
         "CREATE INDEX nbqueue_status ON {s}.nbqueue_jobs (status, queue, id)",
+    ],
+    # Progress reported from inside a job; periodic tasks' last enqueued slot.
+    2: [
+        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN progress_done DOUBLE PRECISION, "
+        "ADD COLUMN progress_total DOUBLE PRECISION, ADD COLUMN progress_message TEXT",
+        "CREATE TABLE {s}.nbqueue_periodic (name TEXT PRIMARY KEY, last_slot BIGINT NOT NULL)",
     ],
 }
 
@@ -434,6 +440,65 @@ class PostgresStorage:
             self.notify()
         return changed
 
+    def progress(
+        self, job_id: int, attempt: int, done: float, total: float | None, message: str, now: int | None
+    ) -> bool:
+        row = self._one(
+            f"WITH c AS (SELECT {NOW} AS now) UPDATE {{t}} SET progress_done = %s, progress_total = %s, "
+            "progress_message = %s, updated_at = c.now FROM c WHERE id = %s AND status = 'running' "
+            "AND attempts = %s RETURNING {t}.id",
+            [now, done, total, _clean(message), job_id, attempt],
+        )
+        return row is not None
+
+    def periodic(self, name: str, slot_us: int, job: NewJob, now: int | None) -> bool:
+        def work(cur: psycopg.Cursor[Any]) -> bool:
+            cur.execute(
+                self._q(
+                    "INSERT INTO {s}.nbqueue_periodic VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1"
+                ),
+                (name, slot_us),
+            )
+            if cur.fetchone() is not None:  # first sighting: the first job is the next slot's
+                return False
+            cur.execute(
+                self._q(
+                    "UPDATE {s}.nbqueue_periodic SET last_slot = %s WHERE name = %s AND last_slot < %s "
+                    "RETURNING 1"
+                ),
+                (slot_us, name, slot_us),
+            )
+            if cur.fetchone() is None:  # another worker took this slot
+                return False
+            cur.execute(
+                self._q(
+                    f"WITH c AS (SELECT {NOW} AS now) INSERT INTO {{t}} (status, queue, task, payload, "
+                    "priority, key, max_retries, run_at, created_at, updated_at, timeout, backoff) "
+                    "SELECT 'pending', %s, %s, %s, %s, %s, %s, coalesce(%s, c.now + %s), c.now, c.now, "
+                    "%s, %s FROM c"
+                ),
+                [
+                    now,
+                    job.queue,
+                    job.task,
+                    job.payload,
+                    job.priority,
+                    job.key,
+                    job.max_retries,
+                    job.run_at_us,
+                    job.delay_us,
+                    job.timeout,
+                    job.backoff,
+                ],
+            )
+            cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
+            return True
+
+        taken = self._run(work, transaction=True)
+        if taken:
+            self.notify()
+        return taken
+
     def _select(self, tail: str, params: Sequence[Any]) -> list[Job]:
         return [row_to_job(r) for r in self._all_rows(f"SELECT {COLUMNS} FROM {{t}} {tail}", params)]
 
@@ -456,10 +521,14 @@ class PostgresStorage:
         )
         return len(rows)
 
-    def purge(self, statuses: Sequence[State], older_than_us: int, now: int | None) -> int:
+    def purge(
+        self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
+    ) -> int:
+        chosen = f"SELECT id FROM {{t}} WHERE updated_at < {NOW} - %s AND status = ANY(%s)"
+        if limit is not None:  # small batches keep locks short
+            chosen += f" ORDER BY id LIMIT {int(limit)}"
         row = self._one(
-            f"WITH gone AS (DELETE FROM {{t}} WHERE updated_at < {NOW} - %s AND status = ANY(%s) "
-            "RETURNING 1) SELECT count(*) FROM gone",
+            f"WITH gone AS (DELETE FROM {{t}} WHERE id IN ({chosen}) RETURNING 1) SELECT count(*) FROM gone",
             [now, older_than_us - (0 if older_than_us else 1), [s.value for s in statuses]],
         )
         return int(row[0]) if row else 0

@@ -27,7 +27,7 @@ from ..jobs import Job, State
 from . import COLUMNS, ClaimRequest, Filter, NewJob, row_to_job
 
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 NEXT_DUE_SCAN = 10_000
 BUSY_TIMEOUT_MS = 10_000
 LOCKED_RETRY_SECONDS = 120.0  # beyond busy_timeout: contention is waited out, never surfaced
@@ -94,6 +94,13 @@ MIGRATIONS: dict[int, str] = {
     2: """
     DROP INDEX nbqueue_claim_any;
     DROP INDEX nbqueue_due;
+    """,
+    # Progress reported from inside a job; periodic tasks' last enqueued slot.
+    3: """
+    ALTER TABLE nbqueue_jobs ADD COLUMN progress_done REAL;
+    ALTER TABLE nbqueue_jobs ADD COLUMN progress_total REAL;
+    ALTER TABLE nbqueue_jobs ADD COLUMN progress_message TEXT;
+    CREATE TABLE nbqueue_periodic (name TEXT PRIMARY KEY, last_slot INTEGER NOT NULL) WITHOUT ROWID;
     """,
 }
 
@@ -257,27 +264,8 @@ class SQLiteStorage:
 
     def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
         now = _stamp(now)
-        rows = [
-            (
-                j.queue,
-                j.task,
-                j.payload,
-                j.priority,
-                j.key,
-                j.max_retries,
-                now + j.delay_us if j.run_at_us is None else j.run_at_us,
-                now,
-                now,
-                j.timeout,
-                j.backoff,
-            )
-            for j in jobs
-        ]
-        insert_sql = (
-            "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, "
-            "run_at, created_at, updated_at, timeout, backoff) "
-            "VALUES ('pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        )
+        rows = [_insert_row(j, now) for j in jobs]
+        insert_sql = _INSERT_SQL
 
         def work(conn: sqlite3.Connection) -> list[tuple[int, bool]]:
             if len(rows) > 1 and all(j.key is None for j in jobs):
@@ -447,6 +435,40 @@ class SQLiteStorage:
             self.notify()
         return sorted(changed)
 
+    def progress(
+        self, job_id: int, attempt: int, done: float, total: float | None, message: str, now: int | None
+    ) -> bool:
+        now = _stamp(now)
+        return self._write(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE nbqueue_jobs SET progress_done = ?, progress_total = ?, progress_message = ?, "
+                    "updated_at = ? WHERE id = ? AND status = 'running' AND attempts = ?",
+                    (done, total, message, now, job_id, attempt),
+                ).rowcount
+                == 1
+            )
+        )
+
+    def periodic(self, name: str, slot_us: int, job: NewJob, now: int | None) -> bool:
+        now = _stamp(now)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT last_slot FROM nbqueue_periodic WHERE name = ?", (name,)).fetchone()
+            if row is None:  # first sighting: record the slot; the first job is the next slot's
+                conn.execute("INSERT INTO nbqueue_periodic VALUES (?, ?)", (name, slot_us))
+                return False
+            if row[0] >= slot_us:
+                return False
+            conn.execute("UPDATE nbqueue_periodic SET last_slot = ? WHERE name = ?", (slot_us, name))
+            conn.execute(_INSERT_SQL, _insert_row(job, now))
+            return True
+
+        taken = self._write(work)
+        if taken:
+            self.notify()
+        return taken
+
     def get(self, job_id: int) -> Job | None:
         rows = self._read(f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE id = ?", (job_id,))
         return row_to_job(rows[0]) if rows else None
@@ -478,15 +500,18 @@ class SQLiteStorage:
             )
         )
 
-    def purge(self, statuses: Sequence[State], older_than_us: int, now: int | None) -> int:
+    def purge(
+        self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
+    ) -> int:
         now = _stamp(now)
         before = now - older_than_us + (0 if older_than_us else 1)  # age 0: everything so far
         src_sql, src_params = _in("status", tuple(s.value for s in statuses))
+        where = f"updated_at < ?{src_sql}"
+        if limit is not None:  # small batches keep the write lock short
+            where = f"id IN (SELECT id FROM nbqueue_jobs WHERE {where} ORDER BY id LIMIT {int(limit)})"
         return self._write(
             lambda conn: (
-                conn.execute(
-                    f"DELETE FROM nbqueue_jobs WHERE updated_at < ?{src_sql}", (before, *src_params)
-                ).rowcount
+                conn.execute(f"DELETE FROM nbqueue_jobs WHERE {where}", (before, *src_params)).rowcount
             )
         )
 
@@ -621,6 +646,29 @@ def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Job | N
     picks = [p for q in queues for p in (q, now, *tasks)]
     row = conn.execute(sql, [worker_id, now + lease_us, lease_us, now, now, *picks]).fetchone()
     return None if row is None else row_to_job(row)
+
+
+_INSERT_SQL = (
+    "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, "
+    "run_at, created_at, updated_at, timeout, backoff) VALUES ('pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _insert_row(j: NewJob, now: int) -> tuple[Any, ...]:
+    run_at = now + j.delay_us if j.run_at_us is None else j.run_at_us
+    return (
+        j.queue,
+        j.task,
+        j.payload,
+        j.priority,
+        j.key,
+        j.max_retries,
+        run_at,
+        now,
+        now,
+        j.timeout,
+        j.backoff,
+    )
 
 
 def _stamp(now: int | None) -> int:

@@ -128,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Queue(args.database) as queue:
             return int(_COMMANDS[args.command](queue, args) or 0)
     except NbqueueError as exc:
-        print(f"nbqueue: error: {exc}", file=sys.stderr)
+        where = "" if str(args.database) in str(exc) else f"{args.database}: "
+        print(f"nbqueue: error: {where}{exc}", file=sys.stderr)
         return 1
 
 
@@ -145,7 +146,10 @@ def _worker(queue: Queue, args: argparse.Namespace) -> int:
             print(f"nbqueue: error: cannot import {module}: {exc}", file=sys.stderr)
             return 2
     from . import tasks as registry  # noqa: PLC0415
+    from .cells import register_cell_task  # noqa: PLC0415
 
+    if args.allow_code:  # notebook cells queued with %%enqueue: run them in a fresh namespace
+        register_cell_task(queue)
     allow = [n for n in registry.names() if registry.lookup(n).opt_in] if args.allow_code else []
     worker = queue.worker(
         queues=args.queues,

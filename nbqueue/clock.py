@@ -18,6 +18,7 @@ Clock = Callable[[], float]
 """A clock returns seconds since the Unix epoch, like `time.time`."""
 
 Duration = float | int | timedelta
+MAX_SECONDS = 100 * 365.25 * 86400  # durations beyond a century are mistakes, not plans
 
 
 def system_clock() -> float:
@@ -76,6 +77,8 @@ def seconds(value: Duration | None, name: str, *, allow_none: bool = True) -> fl
         raise InvalidArgument(f"{name} must be a finite number of seconds, not {result}")
     if result < 0:
         raise InvalidArgument(f"{name} must not be negative, got {result}")
+    if result > MAX_SECONDS:
+        raise InvalidArgument(f"{name} of {result:g} s is more than a century; nbqueue refuses it")
     return result
 
 
@@ -88,4 +91,6 @@ def utc_seconds(value: datetime, name: str) -> float:
             f"{name} must be timezone-aware (for example datetime.now(timezone.utc)); "
             "a naive datetime is ambiguous"
         )
+    if not 0 <= value.timestamp() <= time.time() + MAX_SECONDS:
+        raise InvalidArgument(f"{name} {value.isoformat()} is before 1970 or more than a century ahead")
     return value.timestamp()

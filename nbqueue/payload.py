@@ -14,7 +14,8 @@ MAX_BYTES = 16 * 1024 * 1024  # a queue row, not a blob store: pass big data by 
 def dumps(value: Any, field: str) -> str:
     """Serialise `value` as JSON text, or raise PayloadError naming the offending part."""
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        # ensure_ascii: every string round-trips, a lone surrogate too, and the text is valid UTF-8
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError):
         raise PayloadError(_explain(value, field)) from None
     bad = _find_bad(value, field)  # json.dumps accepts a few things it cannot give back
@@ -26,6 +27,13 @@ def dumps(value: Any, field: str) -> str:
             "store large data in a file and pass its path"
         )
     return text
+
+
+def text(value: str | None) -> str | None:
+    """Free text for storage (an error, a job's output): anything unencodable is escaped."""
+    if value is None:
+        return None
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _explain(value: Any, field: str) -> str:

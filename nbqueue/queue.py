@@ -254,7 +254,7 @@ class Queue:
         priority: int = 0,
     ) -> list[int]:
         """Add many raw payload jobs in one transaction: all are written, or none."""
-        if isinstance(payloads, str | bytes | dict):
+        if isinstance(payloads, str | bytes | dict) or not isinstance(payloads, Iterable):
             raise InvalidArgument("enqueue_many takes an iterable of payloads (for one, use enqueue)")
         first = self._new_job(
             None, "null", queue, max_retries, delay, run_at, priority, None, None, self._default_backoff
@@ -407,7 +407,10 @@ class Queue:
     def heartbeat(self, job: Job, lease: Duration | None = None) -> Job:
         """Extend the job's lease (by `lease` seconds, default the claim's lease)."""
         self._check_claim(job, None)
-        lease_us = None if lease is None else to_us(seconds(lease, "lease", allow_none=False) or 0)
+        lease_s = None if lease is None else seconds(lease, "lease", allow_none=False)
+        if lease_s is not None and lease_s <= 0:
+            raise InvalidArgument("lease must be more than 0 seconds")
+        lease_us = None if lease_s is None else to_us(lease_s)
         until = self.storage.heartbeat(job.id, job.attempts, lease_us, self._now())
         if until is None:
             raise self._lease_lost(job, "heartbeat")
@@ -425,6 +428,7 @@ class Queue:
         """Complete `job` and optionally claim the next one in the same commit (the worker's path)."""
         self._check_claim(job, State.COMPLETED)
         text = payload_json.dumps(result, "result")
+        output = payload_json.text(_output(output))
         now = self._now()
         done, following = self.storage.complete(job.id, job.attempts, text, output, now, then_claim)
         if not done:
@@ -444,7 +448,8 @@ class Queue:
     ) -> Literal["retry", "dead"]:
         """Record a failed attempt: retried after its backoff, or dead past its last retry."""
         self._check_claim(job, State.FAILED)
-        text = _error_text(error)
+        text = payload_json.text(_error_text(error)) or ""
+        output = payload_json.text(_output(output))
         status, delay = self._verdict(job, retry)
         if not self.storage.fail(job.id, job.attempts, text, output, status, delay, self._now()):
             raise self._lease_lost(job, "fail")
@@ -541,19 +546,31 @@ class Queue:
     def requeue(self, job_ids: int | Job | Iterable[int | Job] | None = None) -> int:
         """Give dead (or cancelled) jobs a fresh start: pending, due now, retries 0.
 
-        `None` requeues every dead job. Returns how many were requeued.
+        `None` requeues every dead job. Returns how many were requeued. A job whose
+        idempotency key an unfinished job holds stays where it is (with `None`,
+        silently; named by id, with InvalidTransition after the others are requeued).
         """
         allowed = sources(State.PENDING, "requeue")
         if job_ids is None:
             return len(self.storage.transition(None, (State.DEAD,), State.PENDING, self._now()))
-        ids = [_job_id(j) for j in ([job_ids] if isinstance(job_ids, int | Job) else job_ids)]
+        ids = _id_list(job_ids)
         for job in self.get_many(ids):
-            check_transition(job.id, job.status, State.PENDING)
-        return len(self.storage.transition(ids, allowed, State.PENDING, self._now()))
+            if job.status not in allowed:
+                raise InvalidTransition(
+                    f"job {job.id} is {job.status.value}; only dead or cancelled jobs can be requeued"
+                )
+        moved = self.storage.transition(ids, allowed, State.PENDING, self._now())
+        left = sorted(set(ids) - set(moved))
+        if left:
+            raise InvalidTransition(
+                f"jobs {left} were not requeued: an unfinished job holds their idempotency key "
+                f"({len(moved)} other job(s) were requeued)"
+            )
+        return len(moved)
 
     def delete(self, job_ids: int | Job | Iterable[int | Job]) -> int:
         """Delete finished (completed, dead or cancelled) jobs; returns how many."""
-        ids = [_job_id(j) for j in ([job_ids] if isinstance(job_ids, int | Job) else job_ids)]
+        ids = _id_list(job_ids)
         for job in self.get_many(ids):
             if not job.finished:
                 raise InvalidTransition(
@@ -603,7 +620,7 @@ class Queue:
         if queue is not None:
             _check_name(queue, "queue")
         for value, what in ((limit, "limit"), (offset, "offset")):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
                 raise InvalidArgument(f"{what} must be a whole number >= 0, not {value!r}")
         statuses = None if status is None else _statuses(status)
         return [self._attach(j) for j in self.storage.rows(statuses, queue, limit, offset)]
@@ -641,7 +658,7 @@ class Queue:
         progress: bool = True,
     ) -> list[Job]:
         """Block until every job is completed, dead or cancelled; returns them refreshed."""
-        ids = [_job_id(j) for j in ([jobs] if isinstance(jobs, int | Job) else jobs)]
+        ids = _id_list(jobs)
         limit = seconds(timeout, "timeout")
         deadline = None if limit is None else time.monotonic() + limit
         done: dict[int, Job] = {}
@@ -727,6 +744,10 @@ def _check_name(value: object, what: str) -> str:
         raise InvalidArgument(f"{what} must be a non-empty string, not {value!r}")
     if len(value) > 1000 or "\x00" in value:
         raise InvalidArgument(f"{what} must be under 1000 characters with no NUL byte")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} {value!r} is not valid unicode text (a lone surrogate)") from None
     return value
 
 
@@ -755,6 +776,8 @@ def _check_retries(value: object) -> int:
 def _check_id(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"job ids are integers, not {value!r}")
+    if not 0 < value < 2**63:  # no job can have it
+        raise JobNotFound(f"no job with id {value}")
     return value
 
 
@@ -762,15 +785,34 @@ def _job_id(value: Job | int) -> int:
     return value.id if isinstance(value, Job) else _check_id(value)
 
 
+def _id_list(value: object) -> list[int]:
+    """One job or id, or an iterable of them, as ids."""
+    if isinstance(value, int | Job):
+        return [_job_id(value)]
+    if isinstance(value, str | bytes | dict) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"job ids are integers (or Jobs, or a list of them), not {value!r}")
+    return [_job_id(v) for v in value]
+
+
+def _names(value: object, what: str) -> list[Any]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, bytes | dict) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"{what} must be a name or a list of names, not {value!r}")
+    return list(value)
+
+
 def _queues(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
     if value is None:
         return None
-    names = [value] if isinstance(value, str) else list(value)
+    names = _names(value, "queues")
+    if not names:
+        raise InvalidArgument("queues must name at least one queue (or be None for every queue)")
     return tuple(dict.fromkeys(_check_name(q, "queue") for q in names))
 
 
 def _statuses(value: str | Sequence[str]) -> tuple[State, ...]:
-    names = [value] if isinstance(value, str) else list(value)
+    names = _names(value, "status")
     out = []
     for name in names:
         try:
@@ -779,6 +821,12 @@ def _statuses(value: str | Sequence[str]) -> tuple[State, ...]:
             valid = ", ".join(s.value for s in State)
             raise InvalidArgument(f"unknown status {name!r}; use one of {valid}") from None
     return tuple(out)
+
+
+def _output(output: object) -> str | None:
+    if output is not None and not isinstance(output, str):
+        raise InvalidArgument(f"output must be text, not {type(output).__name__}")
+    return output
 
 
 def _error_text(error: str | BaseException) -> str:

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from . import tasks as registry
 from .clock import Duration, seconds, to_us
 from .context import JobContext, running
-from .errors import InvalidArgument, LeaseLost, NbqueueError, PayloadError, WaitTimeout
+from .errors import InvalidArgument, InvalidTransition, LeaseLost, NbqueueError, PayloadError, WaitTimeout
 from .isolation import run_in_child
 from .jobs import Job, State
 from .queue import Queue, _queues, default_worker_id
@@ -232,6 +232,7 @@ class Worker:
 
     def _run_loop(self) -> None:
         job: Job | None = None
+        failing = 0  # claims failed in a row (database read-only, full, gone): back off
         while True:
             if job is None:  # `_busy` counts this thread from its claim until it holds no job
                 if self._stopping.is_set() or threading.current_thread() in self._retired:
@@ -240,13 +241,23 @@ class Worker:
                     self._busy += 1
                 try:
                     job = self.queue._claim(self._request())
-                except NbqueueError:
-                    log.exception("claim failed; retrying shortly")
+                    if failing:
+                        log.warning("claims work again after %d failure(s)", failing)
+                    failing = 0
+                except NbqueueError as exc:
+                    failing += 1
+                    if failing == 1:
+                        log.exception("claim failed; retrying with backoff")
+                    else:
+                        log.debug("claim failed again (%d): %s", failing, exc)
                 if job is None:
                     with self._state:
                         self._busy -= 1
                         self._state.notify_all()
-                    self._idle_wait()
+                    if failing:
+                        self._stopping.wait(min(30.0, 0.25 * 2 ** min(failing, 7)))
+                    else:
+                        self._idle_wait()
                     continue
             job = self._execute(job)
             if job is None:
@@ -286,8 +297,10 @@ class Worker:
         except BaseException as exc:  # a handler's failure is the job's, never the worker's
             outcome = ("error", exc)
         finally:
-            with self._state:
-                owned = self._in_flight.pop(job.id, None) is not None
+            with self._state:  # ours only if no timeout or stop took it (and no newer claim)
+                owned = self._in_flight.get(job.id) is flight
+                if owned:
+                    del self._in_flight[job.id]
         output = _tail(buffer.getvalue())
         if flight.context.cancel.is_set() or outcome[0] == "cancelled":
             log.info("job %d stopped: cancelled, timed out or released", job.id)
@@ -361,7 +374,10 @@ class Worker:
                 log.warning("%s", exc)
                 flight.context.cancel.set()
                 with self._state:
-                    self._in_flight.pop(flight.job.id, None)
+                    if self._in_flight.get(flight.job.id) is flight:
+                        del self._in_flight[flight.job.id]
+            except InvalidTransition:  # it finished between the snapshot and the heartbeat
+                pass
             except NbqueueError:
                 log.exception("heartbeat for job %d failed", flight.job.id)
 

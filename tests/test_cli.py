@@ -107,7 +107,7 @@ def test_queue_errors_exit_1_with_one_line(db: str, tmp_path: Path) -> None:
     nbqueue.Queue(db)
     done = run("cancel", db, "999")
     assert done.returncode == 1
-    assert done.stderr.strip() == "nbqueue: error: no job with id 999"
+    assert done.stderr.strip() == f"nbqueue: error: {db}: no job with id 999"
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not sqlite at all" * 100)
     done = run("stats", str(garbage))

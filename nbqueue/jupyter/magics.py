@@ -11,7 +11,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import cells
 from .. import tasks as registry
@@ -108,6 +108,15 @@ def _options(fn: Any) -> Any:
     ):
         fn = arg(fn)
     return fn
+
+
+def _parse(magic: Any, line: str) -> Any:
+    """A magic's options, split the shell's way: quotes group words and are removed."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"cannot read the options {line!r}: {exc}") from None
+    return magic.parser.parse_args(words)
 
 
 def _split_options(line: str, parser: Any) -> tuple[list[str], str]:
@@ -216,10 +225,7 @@ class NbqueueMagics(Magics):
     @cell_magic("enqueue")
     def enqueue_cell(self, line: str, cell: str) -> Job:
         """%%enqueue [options] [--name NAME]: the cell's code becomes one job in this namespace."""
-        try:
-            args = self.enqueue_cell.parser.parse_args(shlex.split(line))
-        except ValueError as exc:
-            raise UsageError(f"%%enqueue: {exc}") from None
+        args = _parse(self.enqueue_cell, line)
         if not cell.strip():
             raise UsageError("%%enqueue needs code in the cell")
         try:
@@ -249,11 +255,11 @@ class NbqueueMagics(Magics):
     @line_magic("worker")
     def worker_magic(self, line: str) -> dict[str, Any]:
         """%worker start [--concurrency N] [--queues a,b] | stop | status."""
-        args = parse_argstring(self.worker_magic, line)
+        args = _parse(self.worker_magic, line)
         if args.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
-        if args.lease <= 0:
-            raise UsageError("--lease must be more than 0 seconds")
+        if not 0 < args.lease < 10**7:
+            raise UsageError("--lease must be a number of seconds above 0")
         queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
         try:
             if args.action == "start":
@@ -274,9 +280,9 @@ class NbqueueMagics(Magics):
     @line_magic("jobs")
     def jobs_magic(self, line: str) -> Any:
         """%jobs [--status S] [--queue Q]: the live job board."""
-        args = parse_argstring(self.jobs_magic, line)
-        if args.interval <= 0:
-            raise UsageError("--interval must be more than 0 seconds")
+        args = _parse(self.jobs_magic, line)
+        if not 0 < args.interval < 3600:
+            raise UsageError("--interval must be a number of seconds above 0 (and under an hour)")
         from .views import JobBoard  # noqa: PLC0415 - ipywidgets loads on first view
 
         board = JobBoard(
@@ -290,7 +296,7 @@ class NbqueueMagics(Magics):
     @line_magic("deadletters")
     def deadletters_magic(self, line: str) -> Any:
         """%deadletters [--queue Q]: dead jobs with Requeue and Delete buttons."""
-        args = parse_argstring(self.deadletters_magic, line)
+        args = _parse(self.deadletters_magic, line)
         from .views import DeadLetterView  # noqa: PLC0415
 
         view = DeadLetterView(self.session.current(), queue_name=args.queue)

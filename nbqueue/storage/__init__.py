@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from ..clock import from_us
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, StorageError
 from ..jobs import Job, State
 
 #: The job columns every backend selects, in the order `row_to_job` reads them.
@@ -196,13 +196,18 @@ class Storage(Protocol):
 
 
 def row_to_job(row: Sequence[Any]) -> Job:
-    """A row selected as COLUMNS, as a Job."""
+    """A row selected as COLUMNS, as a Job; a row whose JSON is damaged raises StorageError."""
+    try:
+        payload = json.loads(row[4])
+        backoff = json.loads(row[20]) if row[20] else None
+    except (TypeError, ValueError) as exc:  # never pickle, never eval: damaged text is an error
+        raise StorageError(f"job {row[0]}: its stored payload is not valid JSON ({exc})") from None
     return Job(
         id=row[0],
         status=State(row[1]),
         queue=row[2],
         task=row[3],
-        payload=json.loads(row[4]),
+        payload=payload,
         priority=row[5],
         key=row[6],
         retries=row[7],
@@ -218,7 +223,7 @@ def row_to_job(row: Sequence[Any]) -> Job:
         worker_id=row[17],
         timeout=row[18],
         output=row[19],
-        backoff=json.loads(row[20]) if row[20] else None,
+        backoff=backoff,
         result_json=row[21],
         progress_done=row[22],
         progress_total=row[23],
@@ -228,7 +233,7 @@ def row_to_job(row: Sequence[Any]) -> Job:
 
 def open_storage(target: str, *, synchronous: str = "normal") -> Storage:
     """Open the storage a path or URL names: a SQLite file, or postgresql://."""
-    if not isinstance(target, str) or not target:
+    if not isinstance(target, str) or not target or "\x00" in target:
         raise InvalidArgument(f"a queue needs a file path or a postgresql:// URL, not {target!r}")
     if target.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresStorage  # noqa: PLC0415 - optional dependency (psycopg)

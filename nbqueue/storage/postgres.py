@@ -324,7 +324,19 @@ class PostgresStorage:
             return None
         claim, params = self._claim_statement(ClaimRequest(where, worker_id, lease_us))
         row = self._one(f"WITH c AS (SELECT {NOW} AS now) {claim}", [now, *params])
-        return None if row is None else row_to_job(row)
+        return None if row is None else self._job_or_bury(row)
+
+    def _job_or_bury(self, row: Sequence[Any]) -> Job | None:
+        """The claimed row as a Job; a damaged row goes to the dead letters instead of blocking."""
+        try:
+            return row_to_job(row)
+        except StorageError as exc:
+            self._one(
+                f"UPDATE {{t}} SET status = 'dead', error = %s, lease_until = NULL, finished_at = {_NOW_US}, "
+                f"updated_at = {_NOW_US} WHERE id = %s",
+                [str(exc), row[0]],
+            )
+            return None
 
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
         row = self._one(
@@ -365,7 +377,7 @@ class PostgresStorage:
         )
         if row is None or not row[0]:
             return False, None
-        return True, None if row[1] is None else row_to_job(row[1:])
+        return True, None if row[1] is None else self._job_or_bury(row[1:])
 
     def fail(
         self,

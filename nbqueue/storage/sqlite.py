@@ -162,10 +162,35 @@ class SQLiteStorage:
         parent = os.path.dirname(self.path)
         if not os.path.isdir(parent):
             raise InvalidArgument(f"cannot create the queue {self.path}: no folder {parent}")
+        # Build the new database privately, then link it into place: the link is atomic, so
+        # processes opening a brand-new queue at once see no file or a finished one, never
+        # a half-made file whose journal mode is changing under them.
+        draft = f"{self.path}.{os.getpid()}.{threading.get_ident()}.new"
         try:  # owner-only: payloads may hold private data
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            os.close(os.open(draft, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         except PermissionError as exc:
             raise ReadOnlyDatabase(f"cannot create the queue database {self.path}: {exc}") from exc
+        try:
+            conn = sqlite3.connect(draft, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                with self._immediate(conn):
+                    self._apply_migrations(conn)
+            finally:
+                conn.close()
+            try:
+                os.link(draft, self.path)
+            except FileExistsError:  # another process won the race: use its file
+                pass
+            except OSError:  # a file system without hard links: nearly as good
+                if not os.path.exists(self.path):
+                    os.replace(draft, self.path)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+        finally:
+            for leftover in (draft, f"{draft}-wal", f"{draft}-shm"):
+                with suppress(FileNotFoundError):
+                    os.unlink(leftover)
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -205,11 +230,11 @@ class SQLiteStorage:
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
+            conn.execute("COMMIT")
         except BaseException:
-            if conn.in_transaction:
+            if conn.in_transaction:  # also after a failed COMMIT: never leave it open
                 conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
 
     def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
         def run(conn: sqlite3.Connection) -> T:
@@ -225,35 +250,41 @@ class SQLiteStorage:
 
     def _migrate(self) -> None:
         def check(conn: sqlite3.Connection) -> int:
-            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if app_id == 0 and version == 0:
-                tables = conn.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
-                ).fetchone()[0]
-                if tables:
-                    raise NotAQueueDatabase(
-                        f"{self.path} is a SQLite database of something else, not an nbqueue queue"
-                    )
-                return 0
-            if app_id != APPLICATION_ID:
-                raise NotAQueueDatabase(f"{self.path} is not an nbqueue database")
-            if version > SCHEMA_VERSION:
-                raise SchemaTooNew(
-                    f"{self.path} has schema version {version}, newer than this nbqueue "
-                    f"understands ({SCHEMA_VERSION}); upgrade nbqueue (pip install -U nbqueue)"
-                )
-            return int(version)
+            conn.execute("BEGIN")  # one snapshot: another opener may be migrating right now
+            try:
+                return self._version(conn)
+            finally:
+                conn.execute("COMMIT")
 
+        # Many processes may open a brand-new file at once: every step waits out the others.
+        self._retrying(lambda conn: conn.execute("PRAGMA journal_mode = WAL").fetchone())
         if self._retrying(check) < SCHEMA_VERSION:
             self._write(self._apply_migrations)
-        try:
-            self._conn().execute("PRAGMA journal_mode = WAL")
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from exc
+
+    def _version(self, conn: sqlite3.Connection) -> int:
+        """The file's schema version (0: empty); raises if it is not ours or too new."""
+        app_id, version, tables = conn.execute(
+            "SELECT (SELECT application_id FROM pragma_application_id), "
+            "(SELECT user_version FROM pragma_user_version), "
+            "(SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%')"
+        ).fetchone()
+        if app_id == 0 and version == 0:
+            if tables:
+                raise NotAQueueDatabase(
+                    f"{self.path} is a SQLite database of something else, not an nbqueue queue"
+                )
+            return 0
+        if app_id != APPLICATION_ID:
+            raise NotAQueueDatabase(f"{self.path} is not an nbqueue database")
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"{self.path} has schema version {version}, newer than this nbqueue "
+                f"understands ({SCHEMA_VERSION}); upgrade nbqueue (pip install -U nbqueue)"
+            )
+        return int(version)
 
     def _apply_migrations(self, conn: sqlite3.Connection) -> None:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]  # re-read under the lock
+        version = self._version(conn)  # re-read under the write lock
         for target in sorted(v for v in MIGRATIONS if v > version):
             for statement in _split_sql(MIGRATIONS[target]):
                 conn.execute(statement)
@@ -407,6 +438,9 @@ class SQLiteStorage:
             sets = "lease_until = NULL, finished_at = ?"
             set_params = [now]
         sql = f"UPDATE nbqueue_jobs SET status = ?, updated_at = ?, {sets} WHERE 1{src_sql}"
+        if target is State.PENDING:
+            sql += _KEY_IS_FREE.format(t="nbqueue_jobs", src=src_sql.replace("status", "d.status"))
+            src_params = src_params * 2
         if ids is None:
             changed = self._write(
                 lambda conn: [
@@ -645,8 +679,26 @@ def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Job | N
     sql = _claim_sql(len(queues), None if where.tasks is None else len(tasks))
     picks = [p for q in queues for p in (q, now, *tasks)]
     row = conn.execute(sql, [worker_id, now + lease_us, lease_us, now, now, *picks]).fetchone()
-    return None if row is None else row_to_job(row)
+    if row is None:
+        return None
+    try:
+        return row_to_job(row)
+    except StorageError as exc:  # a damaged row must not block the queue: it goes to the dead letters
+        conn.execute(
+            "UPDATE nbqueue_jobs SET status = 'dead', error = ?, lease_until = NULL, finished_at = ?, "
+            "updated_at = ? WHERE id = ?",
+            (str(exc), now, now, row[0]),
+        )
+        return None
 
+
+# A requeued job must not take a key an unfinished job holds, nor two requeued jobs one key:
+# of several with the same key, only the oldest comes back.
+_KEY_IS_FREE = (
+    " AND (key IS NULL OR (NOT EXISTS (SELECT 1 FROM {t} u WHERE u.key = {t}.key AND "
+    "u.status IN ('pending', 'failed', 'running')) AND id = (SELECT min(d.id) FROM {t} d "
+    "WHERE d.key = {t}.key{src})))"
+)
 
 _INSERT_SQL = (
     "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, "

@@ -5,12 +5,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=120
 
-.PHONY: help install test test-ui lint demo lab bench clean
+.PHONY: help install test test-ui soak lint demo lab bench clean
 
 help:
 	@echo "make demo     run a short real scenario, then execute the quickstart notebook into build/"
 	@echo "make test     install into .venv, lint, run the tests and the tutorial notebooks"
 	@echo "make test-ui  JupyterLab in headless Chromium: the board and dead-letter view really work"
+	@echo "make soak     the reliability suite, long: 500 worker kills, 100,000 contended jobs (NBQUEUE_SOAK=2 doubles it)"
 	@echo "make lab      open JupyterLab on notebooks/"
 	@echo "make bench    throughput next to raw SQLite"
 
@@ -33,6 +34,10 @@ test: lint
 
 test-ui: $(STAMP)
 	$(BIN)/python -m pytest -m ui tests/ui
+
+NBQUEUE_SOAK ?= 1
+soak: $(STAMP)
+	NBQUEUE_SOAK=$(NBQUEUE_SOAK) $(BIN)/python -m pytest tests/reliability
 
 demo: $(STAMP)
 	$(BIN)/python -m nbqueue.demo

@@ -308,7 +308,7 @@ class Queue:
         new = self._new_job(
             task.name,
             body,
-            queue or task.queue_name,
+            task.queue_name if queue is None else queue,
             task.max_retries if max_retries is None else max_retries,
             delay,
             run_at,

@@ -22,7 +22,8 @@ _FIELDS = (
     ("month", 1, 12),
     ("day of week", 0, 7),
 )
-MAX_STEPS = 200_000  # a cron that never matches (say, 30 February) gives up instead of looping
+MAX_STEPS = 20_000  # ample for any cron that can match (29 February needs about 3,000)
+_LONGEST = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,10 @@ class Cron:
             for text, (name, low, high) in zip(parts, _FIELDS, strict=True)
         ]
         weekdays = frozenset(d % 7 for d in sets[4])
-        return cls(expression, sets[0], sets[1], sets[2], sets[3], weekdays, parts[2] == "*", parts[4] == "*")
+        any_day, any_weekday = parts[2] == "*", parts[4] == "*"
+        if any_weekday and not any(d <= _LONGEST[m] for m in sets[3] for d in sets[2]):
+            raise InvalidArgument(f"cron {expression!r} never matches: no such day in those months")
+        return cls(expression, sets[0], sets[1], sets[2], sets[3], weekdays, any_day, any_weekday)
 
     def _day_matches(self, moment: datetime) -> bool:
         by_date = moment.day in self.days

@@ -260,6 +260,8 @@ class Worker:
                         self._idle_wait()
                     continue
             job = self._execute(job)
+            if threading.current_thread() in self._retired:  # timed out: the keeper counted us out
+                return
             if job is None:
                 with self._state:
                     self._busy -= 1
@@ -404,6 +406,8 @@ class Worker:
                 self._in_flight.pop(flight.job.id, None)
                 flight.context.cancel.set()  # progress() raises Cancelled in a cooperative handler
                 self._retired.add(flight.runner)
+                self._busy -= 1  # the job is over for this worker; its stuck thread no longer counts
+            self._state.notify_all()
         for flight in late:
             job = flight.job
             try:

@@ -151,6 +151,82 @@ def drain(folder: Path, n: int, threads: int, synchronous: str = "normal") -> tu
     return nb, raw
 
 
+# -- the same SQL nbqueue runs, on nbqueue's own schema, without nbqueue's Python ----------
+# These separate what the schema costs (indexes for claims and paging, the counts
+# triggers that keep the board O(1)) from what nbqueue's Python adds on top.
+
+SCHEMA_INSERT = (
+    "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, "
+    "created_at, updated_at, timeout, backoff) VALUES ('pending', 'default', NULL, ?, 0, NULL, 3, ?, ?, ?, "
+    'NULL, \'{"base":2.0,"cap":3600.0,"jitter":0.1}\')'
+)
+
+
+def schema_db(folder: Path) -> sqlite3.Connection:
+    path = folder / f"schema-{time.monotonic_ns()}.db"
+    nbqueue.Queue(path).close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+def enqueue_same_schema(folder: Path, n: int) -> tuple[float, float]:
+    conn = schema_db(folder)
+
+    def raw_work() -> None:
+        for i in range(n):
+            stamp = now_us()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(SCHEMA_INSERT, (json.dumps({"n": i}), stamp, stamp, stamp))
+            conn.execute("COMMIT")
+
+    raw = rate(n, raw_work)
+    q = new_queue(folder)
+    nb = rate(n, lambda: [q.enqueue({"n": i}) for i in range(n)])
+    q.close()
+    conn.close()
+    return nb, raw
+
+
+def drain_same_schema(folder: Path, n: int) -> tuple[float, float]:
+    conn = schema_db(folder)
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(
+        SCHEMA_INSERT.replace("NULL, ?, 0", "'bench.noop', ?, 0"), [('{"args":[0],"kwargs":{}}', 0, 0, 0)] * n
+    )
+    conn.execute("COMMIT")
+    claim = (
+        "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = 'w', "
+        "lease_until = ?, lease_us = 60000000, started_at = ?, updated_at = ? WHERE id = (SELECT id "
+        "FROM nbqueue_jobs WHERE status IN ('pending', 'failed') AND queue = 'default' AND run_at <= ? "
+        "AND task IN ('bench.noop') ORDER BY priority DESC, run_at, id LIMIT 1) RETURNING id"
+    )
+    complete = (
+        "UPDATE nbqueue_jobs SET status = 'completed', result = 'null', finished_at = ?, updated_at = ?, "
+        "lease_until = NULL WHERE id = ? AND status = 'running'"
+    )
+
+    def raw_work() -> None:  # nbqueue's statements: complete and the next claim in one commit
+        stamp = now_us()
+        conn.execute("BEGIN IMMEDIATE")
+        row = conn.execute(claim, (stamp + 60_000_000, stamp, stamp, stamp)).fetchone()
+        conn.execute("COMMIT")
+        while row is not None:
+            stamp = now_us()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(complete, (stamp, stamp, row[0]))
+            row = conn.execute(claim, (stamp + 60_000_000, stamp, stamp, stamp)).fetchone()
+            conn.execute("COMMIT")
+
+    raw = rate(n, raw_work)
+    q = new_queue(folder)
+    fill(q, n)
+    nb = rate(n, q.worker(concurrency=1, lease=60).run_until_idle)
+    q.close()
+    conn.close()
+    return nb, raw
+
+
 def median_of(runs: int, measure: Callable[[], tuple[float, float]]) -> dict[str, Any]:
     samples = [measure() for _ in range(runs)]
     return {
@@ -408,8 +484,10 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: enqueue_one(folder, max(100, n // 10), "full"),
             ),
             ("enqueue_many", "raw executemany", 0.5, lambda: enqueue_many(folder, n * 10)),
+            ("enqueue, same SQL", "nbqueue's own INSERT, raw", 0.0, lambda: enqueue_same_schema(folder, n)),
             ("drain, normal, 1 thread", "raw claim-then-complete", 0.5, lambda: drain(folder, n, 1)),
             ("drain, normal, 4 threads", "raw claim-then-complete", 0.5, lambda: drain(folder, n, 4)),
+            ("drain, same SQL", "nbqueue's own statements, raw", 0.0, lambda: drain_same_schema(folder, n)),
             (
                 "drain, full, 1 thread",
                 "raw claim-then-complete, fsync",
@@ -422,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, versus, target, measure in cases:
             fig = median_of(runs, measure) | {"target": target, "versus": versus}
             report["throughput"][name] = fig
-            mark = "ok" if fig["ratio"] >= target else "MISSED"
+            mark = "context" if not target else ("ok" if fig["ratio"] >= target else "MISSED")
             print(
                 f"{name:<28} {fig['nbqueue_per_s']:>10,.0f} {fig['raw_per_s']:>10,.0f} "
                 f"{fig['ratio']:>6.2f}x {target:>6.1f}x  {versus} ({mark})",

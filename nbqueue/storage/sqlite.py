@@ -109,6 +109,9 @@ T = TypeVar("T")
 # In-process wake-ups, shared by every SQLiteStorage on the same file.
 _signals: dict[str, threading.Condition] = {}
 _signals_lock = threading.Lock()
+# Writers in one process take turns on a lock of ours: SQLite's own busy handler sleeps in
+# steps of milliseconds, which would waste most of the time threads spend waiting on each other.
+_write_locks: dict[str, threading.Lock] = {}
 
 
 def _translate(exc: sqlite3.Error, path: str) -> NbqueueError:
@@ -151,6 +154,7 @@ class SQLiteStorage:
         self._closed = False
         with _signals_lock:
             self._signal = _signals.setdefault(self.path, threading.Condition())
+            self._write_lock = _write_locks.setdefault(self.path, threading.Lock())
         self._create_file()
         self._migrate()
 
@@ -238,7 +242,7 @@ class SQLiteStorage:
 
     def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
         def run(conn: sqlite3.Connection) -> T:
-            with self._immediate(conn):
+            with self._write_lock, self._immediate(conn):
                 return work(conn)
 
         return self._retrying(run)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -31,13 +31,18 @@ class Cancelled(NbqueueError):
     """The running job was cancelled (or its claim was lost); stop working on it."""
 
 
+Report = Callable[[float, float | None, str], bool]
+"""Records progress somewhere else (a process-mode child reports to its parent)."""
+
+
 @dataclass
 class JobContext:
     """What `progress()` and `cancelled()` know about the job running in this thread."""
 
-    queue: Queue
+    queue: Queue | None
     job: Job
     cancel: threading.Event = field(default_factory=threading.Event)
+    report: Report | None = None
     last_write: float = float("-inf")
     last_check: float = float("-inf")
 
@@ -86,9 +91,13 @@ def progress(done: float, total: float | None = None, message: str = "") -> None
     if now - context.last_write < THROTTLE and not final:
         return
     context.last_write = context.last_check = now
-    job = context.job
-    queue = context.queue
-    if not queue.storage.progress(job.id, job.attempts, float(done), total, message[:500], queue._now()):
+    job, queue, text = context.job, context.queue, message[:500]
+    if context.report is not None:
+        recorded = context.report(float(done), total, text)
+    else:
+        assert queue is not None
+        recorded = queue.storage.progress(job.id, job.attempts, float(done), total, text, queue._now())
+    if not recorded:
         context.cancel.set()
         raise Cancelled(f"job {job.id} was cancelled (or its claim ended); stop working on it")
 
@@ -101,7 +110,7 @@ def cancelled() -> bool:
     if context.cancel.is_set():
         return True
     now = time.monotonic()
-    if now - context.last_check >= THROTTLE:
+    if context.queue is not None and now - context.last_check >= THROTTLE:
         context.last_check = now
         fresh = context.queue.storage.get(context.job.id)
         if fresh is None or fresh.status != "running" or fresh.attempts != context.job.attempts:

@@ -1,9 +1,9 @@
 """Process mode: one job in a child process, killed at its timeout or when cancelled.
 
-The child is forked, so notebook functions work too; it opens its own
-connection to the queue (a forked connection must never be used) for
-`nbqueue.progress()`, captures what it prints, and sends back the result as
-JSON text or the traceback.
+The child is forked, so notebook functions work too. It never touches the
+database (SQLite state inherited across a fork must not be used): its
+`nbqueue.progress()` reports go up the pipe and the parent records them; it
+captures what it prints and sends back the result as JSON text or the traceback.
 """
 
 from __future__ import annotations
@@ -33,24 +33,28 @@ def run_in_child(
     fn: Callable[..., Any],
     cancel: threading.Event,
     timeout: float | None,
-    on_start: Callable[[int], None] = lambda pid: None,
+    on_progress: Callable[[float, float | None, str], bool],
 ) -> Outcome:
     """Run `fn(*job.args, **job.kwargs)` in a child process and wait for its outcome."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     context: Any = multiprocessing.get_context(method)
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, target, job, fn), daemon=True)
+    child = context.Process(target=_child, args=(send, job, fn), daemon=True)
     child.start()
     send.close()
-    on_start(child.pid or 0)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
             if receive.poll(0.05):
                 try:
-                    outcome: Outcome = receive.recv()
+                    message = receive.recv()
                 except EOFError:
-                    outcome = ("error", _died(child), None)
+                    return ("error", _died(child), None)
+                if message[0] == "progress":  # recorded here; False means the claim is gone
+                    if not on_progress(*message[1:]):
+                        cancel.set()
+                    continue
+                outcome: Outcome = message
                 return outcome
             if not child.is_alive():
                 child.join()
@@ -82,15 +86,17 @@ def _kill(child: Any) -> None:
     child.join(5)
 
 
-def _child(send: Any, target: str, job: Job, fn: Callable[..., Any]) -> None:
-    """In the child: run the handler with its own queue connection; report; exit at once."""
+def _child(send: Any, job: Job, fn: Callable[..., Any]) -> None:
+    """In the child: run the handler, progress going up the pipe; report; exit at once."""
     buffer = io.StringIO()
     sys.stdout = sys.stderr = buffer
-    try:
-        from .queue import Queue  # noqa: PLC0415 - a fresh Queue: the parent's connections stay untouched
 
-        queue = Queue(target)
-        with running(JobContext(queue, job)):
+    def report(done: float, total: float | None, message: str) -> bool:
+        send.send(("progress", done, total, message))
+        return True  # a cancelled job's child is killed by the parent
+
+    try:
+        with running(JobContext(None, job, report=report)):
             value = fn(*job.args, **job.kwargs)
         send.send(("ok", payload_json.dumps(value, "result"), buffer.getvalue() or None))
     except BaseException as exc:  # the job's failure, reported to the parent

@@ -289,7 +289,14 @@ class Worker:
             handler = registry.lookup(job.task or "")
             if self.mode == "process":
                 kind, value, printed = run_in_child(
-                    str(self.queue.target), job, handler.fn, flight.context.cancel, job.timeout
+                    str(self.queue.target),
+                    job,
+                    handler.fn,
+                    flight.context.cancel,
+                    job.timeout,
+                    lambda done, total, message: self.queue.storage.progress(
+                        job.id, job.attempts, done, total, message, self.queue._now()
+                    ),
                 )
                 buffer.write(printed or "")
                 outcome = (kind, json.loads(value) if kind == "ok" else value)

@@ -24,6 +24,7 @@ TUTORIALS = {
     "02-retries-and-dead-letters.ipynb",
     "03-magics-and-the-board.ipynb",
     "04-agent-pipeline.ipynb",
+    "05-long-running.ipynb",
 }
 
 

@@ -203,19 +203,7 @@ class NbqueueMagics(Magics):
         if not source:
             raise UsageError("%enqueue needs a call, like: %enqueue fetch('https://example.org')")
         task, call_args, call_kwargs = self._parse_call(source)
-        try:
-            job = task.schedule(
-                call_args,
-                call_kwargs,
-                delay=args.delay,
-                priority=args.priority,
-                key=args.key,
-                queue=args.queue,
-                max_retries=args.retries,
-            )
-        except NbqueueError as exc:
-            raise UsageError(f"%enqueue {source}: {exc}") from None
-        return self._maybe_wait(job, args.wait)
+        return self._schedule(task, call_args, call_kwargs, args, f"%enqueue {source}")
 
     @magic_arguments(name="enqueue")
     @_options
@@ -234,18 +222,7 @@ class NbqueueMagics(Magics):
             raise UsageError(f"%%enqueue: the cell does not parse: {exc}") from None
         queue = self.session.current()
         task = cells.register_cell_task(queue, self.shell.user_ns)
-        try:
-            job = task.schedule(
-                (cell, args.name),
-                delay=args.delay,
-                priority=args.priority,
-                key=args.key,
-                queue=args.queue,
-                max_retries=args.retries,
-            )
-        except NbqueueError as exc:
-            raise UsageError(f"%%enqueue: {exc}") from None
-        return self._maybe_wait(job, args.wait)
+        return self._schedule(task, (cell, args.name), {}, args, "%%enqueue")
 
     @magic_arguments(name="worker")
     @argument("action", nargs="?", default="status", choices=["start", "stop", "status"])
@@ -346,6 +323,29 @@ class NbqueueMagics(Magics):
         handler = _LatestDefinition(self.shell.user_ns, name if name.isidentifier() else "", fn)
         task: Task[Any, Any] = self.session.current().task(name=task_name)(handler)
         return task
+
+    def _schedule(
+        self,
+        task: Task[Any, Any],
+        call_args: tuple[Any, ...],
+        call_kwargs: dict[str, Any],
+        args: Any,
+        what: str,
+    ) -> Job:
+        """Queue the call with the magic's options; a refusal is a UsageError, nothing queued."""
+        try:
+            job = task.schedule(
+                call_args,
+                call_kwargs,
+                delay=args.delay,
+                priority=args.priority,
+                key=args.key,
+                queue=args.queue,
+                max_retries=args.retries,
+            )
+        except NbqueueError as exc:
+            raise UsageError(f"{what}: {exc}") from None
+        return self._maybe_wait(job, args.wait)
 
     def _maybe_wait(self, job: Job, wait: bool) -> Job:
         if wait:

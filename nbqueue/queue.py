@@ -174,13 +174,13 @@ class Queue:
         many workers run; slots missed while no worker ran give one job, not a burst.
         """
         plan = schedule.make(cron, every)
+        payload_json.dumps(list(args), "args")  # refused before anything is registered
+        payload_json.dumps(kwargs or {}, "kwargs")
 
         def wrap(fn: Callable[P, R]) -> Task[P, R]:
             task = self.task(
                 name=name, max_retries=max_retries, queue=queue, priority=priority, timeout=timeout
             )(fn)
-            payload_json.dumps(list(args), "args")
-            payload_json.dumps(kwargs or {}, "kwargs")
             registry.register_periodic(registry.Periodic(task, plan, tuple(args), dict(kwargs or {})))
             return task
 

@@ -113,8 +113,9 @@ def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
                 start, end = low, high
             elif "-" in body:
                 start, end = (int(x) for x in body.split("-", 1))
-            else:
-                start = end = int(body)
+            else:  # "5/15" is 5, 20, 35, 50: a start with a step runs to the end
+                start = int(body)
+                end = high if step_text else start
         except ValueError:
             raise InvalidArgument(f"cron {name} field {text!r} is not a number, range or */step") from None
         if step < 1 or not (low <= start <= end <= high):

@@ -138,8 +138,8 @@ class Worker:
         self._stopping.set()
         self.queue.storage.notify()
         deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            if thread.name != "nbqueue-keeper":
+        for thread in self._threads:  # a runner stuck in a timed-out handler is not waited for
+            if thread.name != "nbqueue-keeper" and thread not in self._retired:
                 thread.join(max(0.0, deadline - time.monotonic()))
         with self._state:
             stuck = [flight.job for flight in self._in_flight.values()]

@@ -24,11 +24,13 @@ MakeQueue = Callable[..., nbqueue.Queue]
 def _isolated_registry() -> Iterator[None]:
     """Tasks registered by one test must not be run by another test's worker."""
     with tasks._registry_lock:
-        saved = dict(tasks._registry)
+        saved, periodic = dict(tasks._registry), dict(tasks._periodic)
     yield
     with tasks._registry_lock:
         tasks._registry.clear()
         tasks._registry.update(saved)
+        tasks._periodic.clear()
+        tasks._periodic.update(periodic)
 
 
 PG_SERVER = os.environ.get("NBQUEUE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")

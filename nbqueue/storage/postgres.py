@@ -314,7 +314,8 @@ class PostgresStorage:
             pick_params = [list(where.queues), *task_params]
         statement = (
             "UPDATE {t} SET status = 'running', attempts = attempts + 1, worker_id = %s, "
-            "lease_until = c.now + %s, lease_us = %s, started_at = c.now, updated_at = c.now "
+            "lease_until = c.now + %s, lease_us = %s, started_at = c.now, updated_at = c.now, "
+            "progress_done = NULL, progress_total = NULL, progress_message = NULL "
             f"FROM c WHERE id = ({pick}) RETURNING {COLUMNS_OF_T}"
         )
         return statement, [worker_id, lease_us, lease_us, *pick_params]

@@ -669,8 +669,8 @@ def _claim_sql(n_queues: int, n_tasks: int | None) -> str:
     )
     return (
         "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = ?, "
-        "lease_until = ?, lease_us = ?, started_at = ?, updated_at = ? "
-        f"WHERE id = ({pick}) RETURNING {COLUMNS}"
+        "lease_until = ?, lease_us = ?, started_at = ?, updated_at = ?, progress_done = NULL, "
+        f"progress_total = NULL, progress_message = NULL WHERE id = ({pick}) RETURNING {COLUMNS}"
     )
 
 

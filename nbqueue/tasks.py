@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
@@ -136,6 +136,12 @@ def lookup(name: str) -> Task[Any, Any]:
                 f"no task named {name!r} is registered in this process; "
                 "import the module that defines it (nbqueue worker --import ...)"
             ) from None
+
+
+def runnable(allow: Collection[str] = ()) -> tuple[str, ...]:
+    """Task names a worker may take: every task except opt-in ones not in `allow`."""
+    with _registry_lock:
+        return tuple(name for name, task in _registry.items() if not task.opt_in or name in allow)
 
 
 def names() -> tuple[str, ...]:

@@ -214,11 +214,7 @@ class Worker:
     # -- the loop --------------------------------------------------------------
 
     def _filter(self) -> Filter:
-        if self.tasks is not None:
-            names = self.tasks
-        else:
-            names = tuple(n for n in registry.names() if not registry.lookup(n).opt_in or n in self.allow)
-        return Filter(self.queues, names)
+        return Filter(self.queues, self.tasks if self.tasks is not None else registry.runnable(self.allow))
 
     def _request(self) -> ClaimRequest:
         return ClaimRequest(self._filter(), self.worker_id, to_us(self.lease))

@@ -48,6 +48,11 @@ class Filter:
     queues: tuple[str, ...] | None = None
     tasks: tuple[str, ...] | None = None
 
+    @property
+    def matches_nothing(self) -> bool:
+        """No queue or no task allowed (a worker without handlers): a claim takes nothing."""
+        return self.queues == () or self.tasks == ()
+
 
 class ClaimRequest(NamedTuple):
     """What a claim needs besides the time: which jobs, for whom, for how long."""

@@ -321,7 +321,7 @@ class PostgresStorage:
         return statement, [worker_id, lease_us, lease_us, *pick_params]
 
     def claim(self, where: Filter, worker_id: str, lease_us: int, now: int | None) -> Job | None:
-        if where.tasks == () or where.queues == ():
+        if where.matches_nothing:
             return None
         claim, params = self._claim_statement(ClaimRequest(where, worker_id, lease_us))
         row = self._one(f"WITH c AS (SELECT {NOW} AS now) {claim}", [now, *params])
@@ -363,7 +363,7 @@ class PostgresStorage:
             "AND attempts = %s AND lease_until > c.now RETURNING {t}.id"
         )
         params: list[Any] = [now, result, _clean(output), job_id, attempt]
-        if then_claim is None or then_claim.where.tasks == () or then_claim.where.queues == ():
+        if then_claim is None or then_claim.where.matches_nothing:
             row = self._one(
                 f"WITH c AS (SELECT {NOW} AS now), done AS ({done}) SELECT count(*) FROM done", params
             )
@@ -572,7 +572,7 @@ class PostgresStorage:
         return [str(r[0]) for r in self._all_rows("SELECT DISTINCT queue FROM {t} ORDER BY queue")]
 
     def next_due(self, where: Filter) -> int | None:
-        if where.tasks == () or where.queues == ():
+        if where.matches_nothing:
             return None
         text, params = f"SELECT run_at FROM {{t}} WHERE {_CLAIMABLE}", list[Any]()
         if where.tasks is not None:

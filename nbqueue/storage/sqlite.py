@@ -342,8 +342,6 @@ class SQLiteStorage:
 
     def claim(self, where: Filter, worker_id: str, lease_us: int, now: int | None) -> Job | None:
         now = _stamp(now)
-        if where.tasks == ():  # a worker with no handlers: nothing it may take
-            return None
         return self._write(lambda conn: _claim(conn, ClaimRequest(where, worker_id, lease_us), now))
 
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
@@ -379,7 +377,7 @@ class SQLiteStorage:
                 ).rowcount
                 == 1
             )
-            if not done or then_claim is None or then_claim.where.tasks == ():
+            if not done or then_claim is None:
                 return done, None
             # The next claim rides in the same commit: half the fsyncs per job.
             return True, _claim(conn, then_claim, now)
@@ -598,7 +596,7 @@ class SQLiteStorage:
         ]
 
     def next_due(self, where: Filter) -> int | None:
-        if where.tasks == () or where.queues == ():
+        if where.matches_nothing:
             return None
         task_sql, task_params = _in("task", where.tasks)
         # The earliest run_at among the first rows of each queue's claim index: exact unless a
@@ -689,7 +687,7 @@ def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Job | N
     claimable jobs now, so one index, (queue, priority, run_at, id), serves every claim.
     """
     where, worker_id, lease_us = request
-    if where.tasks == ():
+    if where.matches_nothing:
         return None
     queues = where.queues if where.queues is not None else _waiting_queues(conn)
     if not queues:

@@ -30,18 +30,11 @@ from nbqueue import Backoff, Progress, Queue, tasks
 from nbqueue import context as job_context
 from nbqueue import worker as worker_module
 from nbqueue.schedule import Cron, Every, make
+from tests.helpers import wait_until
 
 MakeQueue = Callable[..., Queue]
 QUICK_RETRY = Backoff(base=0.1, cap=0.1, jitter=0)  # a retry is due a tenth of a second later
 START = datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)  # ManualClock's default start
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s")
-        time.sleep(0.01)
 
 
 def alive(pid: int) -> bool:

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jupyter_helpers import nbqueue_threads, stop_orphans, wait_until
+from jupyter_helpers import nbqueue_threads, stop_orphans
+
+from tests.helpers import wait_until
 
 
 @pytest.fixture

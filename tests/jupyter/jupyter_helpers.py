@@ -4,20 +4,9 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 WORKER_PREFIXES = ("nbqueue-worker-", "nbqueue-keeper")
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll `condition` until it holds; fail the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.02)
 
 
 def worker_threads() -> list[str]:

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from jupyter_client.manager import KernelManager, start_new_kernel
-from jupyter_helpers import wait_until
 
 from nbqueue import Queue, State
+from tests.helpers import wait_until
 
 N_JOBS = 20
 SHOWN = ("stream", "display_data", "execute_result", "update_display_data", "error")

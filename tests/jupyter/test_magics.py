@@ -17,12 +17,13 @@ from typing import Any
 import ipywidgets
 import pytest
 from IPython.core.error import UsageError
-from jupyter_helpers import nbqueue_threads, run, stop_orphans, wait_until, worker_threads
+from jupyter_helpers import nbqueue_threads, run, stop_orphans, worker_threads
 
 import nbqueue
 from nbqueue import Job, Queue, State, tasks
 from nbqueue.cells import CELL_TASK
 from nbqueue.jupyter.views import DeadLetterView, JobBoard
+from tests.helpers import wait_until
 
 
 def current(ip: Any) -> Queue:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from jupyter_helpers import wait_until
 
 from nbqueue import Job, JobNotFound, Queue, State
 from nbqueue.jupyter.views import DeadLetterView, JobBoard
+from tests.helpers import wait_until
 
 STATES = [s.value for s in State]
 _rising = itertools.count(10**9)  # each driven job outranks every earlier one, so claim() takes it

@@ -18,6 +18,7 @@ import procs
 import pytest
 
 import nbqueue
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
 
@@ -30,14 +31,16 @@ CLAIM_LEASE = 0.5
 
 def _wait_until_leases_expired(q: nbqueue.Queue, timeout: float = 30) -> list[nbqueue.Job]:
     """The running jobs, once every one of their leases is in the past."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def expired() -> tuple[list[nbqueue.Job]] | None:
         running = q.jobs(status="running", limit=1_000_000)
         latest = max((j.lease_until for j in running if j.lease_until), default=None)
         if latest is None or latest < q.now():
-            return running
-        assert time.monotonic() < deadline, f"leases still live after {timeout} s: {running}"
-        time.sleep(max(0.01, min(1.0, (latest - q.now()).total_seconds() + 0.01)))
+            return (running,)  # a tuple: truthy even when nothing is running
+        return None
+
+    [running] = wait_until(expired, timeout, "every running job's lease in the past", every=0.05)
+    return running
 
 
 def test_worker_killed_again_and_again_loses_nothing(tmp_path: Path) -> None:

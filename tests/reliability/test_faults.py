@@ -25,16 +25,9 @@ import pytest
 
 import nbqueue
 from nbqueue import Backoff, ManualClock, Queue
+from tests.helpers import wait_until
 
 PAD = "x" * 1500  # a payload that fills a good part of a page
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.02)
 
 
 def assert_nbqueue_error(exc: BaseException) -> None:
@@ -128,7 +121,7 @@ def test_read_only_file_under_a_running_worker_loses_nothing(tmp_path: Path) -> 
     jobs = [square.enqueue(i) for i in range(30)]
     worker = q.worker(lease=1).start()
     try:
-        wait_until(lambda: q.counts()["completed"] >= 3, what="the worker under way")
+        wait_until(lambda: q.counts()["completed"] >= 3, timeout=20, what="the worker under way")
         with unwritable(path):
             assert q.counts()["pending"] > 0, "the fault must hit a worker with work left"
             for attempt in (lambda: q.enqueue({"during": "read-only"}), q.claim):

@@ -21,10 +21,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from urllib.parse import urlparse
 import pytest
 
 import nbqueue
+from tests.helpers import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 # The flags that worked on this machine (design/JUPYTER.md, section 5).
@@ -111,18 +111,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
-    """Poll until `check()` is truthy and return it; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within {timeout} s")
-        time.sleep(every)
 
 
 def _db_counts(path: Path) -> dict[str, int]:
@@ -246,7 +234,7 @@ def running_lab(tmp_path: Path) -> Iterator[Lab]:
             except (urllib.error.URLError, OSError):
                 return False
 
-        _wait_for(up, 30, "JupyterLab answering /api/status")
+        wait_until(up, 30, "JupyterLab answering /api/status", every=0.2)
         yield server
     finally:
         _stop(server)
@@ -355,7 +343,7 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
             state = browser.state()
             return state["unrun"] == 0 and state["kernel"] == "idle"
 
-        _wait_for(ran, 30, "all cells executed")
+        wait_until(ran, 30, "all cells executed", every=0.2)
 
         board = page.locator(".nbqueue-board")
         dead_view = page.locator(".nbqueue-deadletters")
@@ -382,8 +370,10 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
             browser.check()
             return browser.board_counts() == want and _db_counts(lab.db) == want
 
-        _wait_for(all_done, 20, f"board and database showing {want}", every=0.25)
-        _wait_for(lambda: dead_count.get_attribute("data-count") == "0", 10, "dead-letter count 0")
+        wait_until(all_done, 20, f"board and database showing {want}", every=0.25)
+        wait_until(
+            lambda: dead_count.get_attribute("data-count") == "0", 10, "dead-letter count 0", every=0.2
+        )
         _save(board, shots, "board.png")
         browser.check()
     except BaseException:

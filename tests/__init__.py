@@ -1,0 +1,1 @@
+"""nbqueue's test suite; a package so that `from tests.helpers import ...` works from every folder."""

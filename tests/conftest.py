@@ -7,6 +7,7 @@ parametrise `queue_target` and run the same contract tests.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -118,3 +119,11 @@ def clocked_queue(make_queue: MakeQueue, clock: nbqueue.ManualClock) -> nbqueue.
 def exact_queue(make_queue: MakeQueue, clock: nbqueue.ManualClock) -> nbqueue.Queue:
     """A queue on the manual clock whose backoff has no jitter: delays are exactly 2, 4, 8 ..."""
     return make_queue(clock=clock, backoff=nbqueue.Backoff(base=2, cap=3600, jitter=0))
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    """An event stuck handlers wait on; always opened at teardown so no thread stays stuck."""
+    event = threading.Event()
+    yield event
+    event.set()

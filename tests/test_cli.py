@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import nbqueue
+from nbqueue import Progress, Queue
+from tests.helpers import wait_until
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -176,3 +179,79 @@ def test_python_dash_m_and_console_script_agree(db: str) -> None:
     a = subprocess.run([str(script), "stats", db, "--json"], capture_output=True, text=True, check=True)
     assert a.stdout == run("stats", db, "--json").stdout
     assert os.access(script, os.X_OK)
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def test_cli_worker_in_process_mode_with_retention(tmp_path: Path) -> None:
+    db = str(tmp_path / "jobs.db")
+    (tmp_path / "lr_cli_tasks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os
+
+            import nbqueue
+
+            q = nbqueue.Queue({db!r})
+
+
+            @q.task(name="lr.cli.whoami", timeout=20)
+            def whoami(tag):
+                print(f"child says {{tag}}")
+                nbqueue.progress(1, 1, "done")
+                return {{"pid": os.getpid(), "tag": tag}}
+            """
+        )
+    )
+    q = Queue(db)
+    stub = q.task(name="lr.cli.whoami")(lambda tag: None)  # the worker process has the real one
+    job = stub.enqueue("x")
+    command = [sys.executable, "-m", "nbqueue", "worker", db, "--import", "lr_cli_tasks"]
+    options = ["--mode", "process", "--retention", "1s", "--lease", "5"]
+    log = tmp_path / "worker.log"
+    with open(log, "w") as stderr:  # a file, not a pipe: a job's child process may outlive the worker
+        worker = subprocess.Popen(
+            [*command, *options], cwd=tmp_path, stdout=stderr, stderr=stderr, start_new_session=True
+        )
+    try:
+        result = job.result(timeout=30)
+        assert result["tag"] == "x"
+        assert result["pid"] not in (worker.pid, os.getpid())  # a child of the worker process
+        done = q.get(job.id)
+        assert "child says x" in (done.output or "")
+        assert done.progress == Progress(1, 1, "done")
+
+        def pruned() -> bool:
+            try:
+                q.get(job.id)
+            except nbqueue.JobNotFound:
+                return True
+            return False
+
+        wait_until(pruned, 15, "the completed job pruned by --retention 1s")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)  # the worker and any child of a job it ran
+        worker.wait(timeout=30)
+        q.close()
+    assert "nbqueue worker stopped: 1 completed, 0 failed" in log.read_text()
+
+
+@pytest.mark.parametrize("bad", [["--mode", "fork"], ["--retention", "7x"], ["--retention", "soon"]])
+def test_cli_refuses_bad_long_running_options(tmp_path: Path, bad: list[str]) -> None:
+    from nbqueue import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["worker", str(tmp_path / "jobs.db"), *bad])
+    assert exit_info.value.code == 2
+
+
+def test_cli_parses_retention_durations() -> None:
+    from nbqueue import cli
+
+    args = cli.parser().parse_args(["worker", "x.db", "--mode", "process", "--retention", "7d"])
+    assert (args.mode, args.retention) == ("process", 7 * 86400)
+    assert cli.duration("1d12h") == 36 * 3600

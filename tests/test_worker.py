@@ -5,20 +5,11 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
 import nbqueue
 from nbqueue import Backoff, Queue, tasks
-
-
-@pytest.fixture
-def gate() -> Iterator[threading.Event]:
-    """An event hung handlers wait on; always opened at teardown so no thread stays stuck."""
-    event = threading.Event()
-    yield event
-    event.set()
 
 
 def test_worker_runs_tasks(queue: Queue) -> None:

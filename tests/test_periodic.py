@@ -1,0 +1,198 @@
+"""Periodic tasks: each slot enqueued exactly once however many workers run, no burst after a gap.
+
+Real worker threads and the real PostgreSQL server; the manual clock where a slot must be exact.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import nbqueue
+from nbqueue import Queue, tasks
+from nbqueue.schedule import Every, make
+from tests.helpers import MakeQueue, wait_until
+
+START = datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)  # ManualClock's default start
+
+
+@pytest.fixture(autouse=True)
+def _isolated_periodics() -> Iterator[None]:
+    """Every test here starts with no periodic task registered (conftest restores them after)."""
+    with tasks._registry_lock:  # internal: replace when the refactor lands
+        saved = dict(tasks._periodic)  # internal: replace when the refactor lands
+        tasks._periodic.clear()  # internal: replace when the refactor lands
+    yield
+    with tasks._registry_lock:  # internal: replace when the refactor lands
+        tasks._periodic.clear()  # internal: replace when the refactor lands
+        tasks._periodic.update(saved)  # internal: replace when the refactor lands
+
+
+def tick_together(queues: list[Queue]) -> list[list[str]]:
+    """Every queue ticks at the same moment, each in its own thread."""
+    barrier = threading.Barrier(len(queues), timeout=10)
+    results: list[Any] = [None] * len(queues)
+
+    def tick(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = queues[i]._tick_periodic()  # internal: replace when the refactor lands
+        except BaseException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=tick, args=(i,)) for i in range(len(queues))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def keys(queue: Queue) -> list[str]:
+    return [job.key or "" for job in reversed(queue.jobs(limit=1000))]
+
+
+@pytest.mark.parametrize("plan", [{"every": timedelta(minutes=5)}, {"cron": "*/5 * * * *"}], ids=str)
+def test_each_periodic_slot_is_enqueued_once_by_three_queues(
+    make_queue: MakeQueue, clock: nbqueue.ManualClock, plan: dict[str, Any]
+) -> None:
+    queues = [make_queue(clock=clock) for _ in range(3)]
+
+    @queues[0].periodic(name="lr.tick", args=(3,), **plan)
+    def tick(n: int) -> int:
+        return n
+
+    # First sighting: the current slot (22:10) is recorded, nothing is enqueued.
+    assert tick_together(queues) == [[], [], []]
+    assert queues[0].counts()["pending"] == 0
+    clock.advance(4 * 60)  # 22:17:20: the 22:15 slot
+    assert sorted(tick_together(queues)) == [[], [], ["lr.tick"]]
+    assert tick_together(queues) == [[], [], []]  # the same slot again: nothing
+    clock.advance(60)  # 22:18:20: still the 22:15 slot
+    assert tick_together(queues) == [[], [], []]
+    assert keys(queues[1]) == ["periodic:lr.tick:2023-11-14T22:15:00+00:00"]
+
+    clock.advance(timedelta(hours=3))  # nothing ran for three hours: one job, for the latest slot
+    assert sorted(tick_together(queues)) == [[], [], ["lr.tick"]]
+    assert keys(queues[2]) == [
+        "periodic:lr.tick:2023-11-14T22:15:00+00:00",
+        "periodic:lr.tick:2023-11-15T01:15:00+00:00",
+    ]
+    jobs = queues[0].jobs()
+    assert {job.task for job in jobs} == {"lr.tick"}
+    assert all(job.args == [3] and job.status == "pending" for job in jobs)
+
+
+def test_a_cron_task_is_enqueued_once_per_slot_with_three_workers(
+    make_queue: MakeQueue, clock: nbqueue.ManualClock
+) -> None:
+    queues = [make_queue(clock=clock) for _ in range(3)]
+    ran: list[int] = []
+
+    @queues[0].periodic(cron="*/5 * * * *", name="lr.cron")
+    def every_five_minutes() -> int:
+        ran.append(1)
+        return len(ran)
+
+    # first sighting, before any worker runs
+    assert queues[0]._tick_periodic() == []  # internal: replace when the refactor lands
+    workers = [q.worker(lease=5) for q in queues]
+    try:
+        for worker in workers:
+            worker.start()
+        clock.advance(timedelta(minutes=5))  # 22:18:20: the 22:15 slot
+        wait_until(lambda: ran, 10, "the slot's job run")
+        time.sleep(1.3)  # every worker's keeper ticks at least once more within this slot
+    finally:
+        for worker in workers:
+            worker.stop(timeout=10)
+    assert len(ran) == 1
+    assert keys(queues[0]) == ["periodic:lr.cron:2023-11-14T22:15:00+00:00"]
+    assert queues[0].counts()["completed"] == 1
+
+
+def test_every_second_with_three_real_workers_enqueues_each_slot_once(tmp_path: Path) -> None:
+    """The real clock, on SQLite; both backends race for slots in the two tests above."""
+    queues = [Queue(tmp_path / "jobs.db") for _ in range(3)]
+
+    @queues[0].periodic(every=1, name="lr.beat")
+    def beat() -> str:
+        return "beat"
+
+    workers = [q.worker(lease=5) for q in queues]
+    try:
+        for worker in workers:
+            worker.start()
+        wait_until(lambda: len(queues[0].jobs()) >= 3, 15, "three slots enqueued")
+    finally:
+        for worker in workers:
+            worker.stop(timeout=10)
+    found = keys(queues[0])
+    assert len(found) >= 3
+    assert all(key.startswith("periodic:lr.beat:") for key in found)
+    assert Counter(found).most_common(1)[0][1] == 1  # no slot twice
+    slots = [datetime.fromisoformat(key.removeprefix("periodic:lr.beat:")) for key in found]
+    assert all(slot.microsecond == 0 for slot in slots)
+    assert slots == sorted(slots)
+    assert all(job.attempts <= 1 for job in queues[0].jobs())
+    for q in queues:
+        q.close()
+
+
+def test_an_impossible_cron_does_not_stop_the_worker_heartbeating(tmp_path: Path) -> None:
+    """The keeper thread also heartbeats: a schedule's error must not end it (SQLite is enough)."""
+    q = Queue(tmp_path / "jobs.db")
+    try:
+
+        @q.periodic(cron="0 0 30 2 *", name="lr.never")
+        def never() -> None:
+            return None
+
+    except nbqueue.InvalidArgument:
+        pass  # refused at registration: fine
+
+    @q.task(name="lr.longer_than_its_lease", max_retries=0)
+    def slow() -> str:
+        time.sleep(1.5)
+        return "ok"
+
+    job = slow.enqueue()
+    try:
+        with q.worker(lease=0.6):  # only the keeper's heartbeats keep this claim
+            try:
+                [done] = q.wait([job], timeout=5, progress=False)
+            except nbqueue.WaitTimeout:
+                done = q.get(job.id)
+        assert done.status == "completed", f"job {done.status}: the keeper died, no heartbeats"
+        assert done.value == "ok"
+    finally:
+        q.close()
+
+
+def test_periodic_needs_exactly_one_schedule(tmp_path: Path) -> None:
+    for cron, every in ((None, None), ("* * * * *", 60), (None, 0.5), (None, "5m"), (None, True)):
+        with pytest.raises(nbqueue.InvalidArgument):
+            make(cron, every)
+    with Queue(tmp_path / "jobs.db") as q:
+        with pytest.raises(nbqueue.InvalidArgument):
+            q.periodic(cron="*/5 * * *")
+        with pytest.raises(nbqueue.InvalidArgument):
+            q.periodic(every=timedelta(milliseconds=10))
+        with pytest.raises(nbqueue.PayloadError):
+
+            @q.periodic(every=60, name="lr.bad_args", args=(object(),))
+            def bad_args(x: object) -> None:
+                return None
+
+    assert make(None, timedelta(minutes=5)) == Every(300)
+    assert str(make("*/5 * * * *", None)) == "cron */5 * * * *"

@@ -89,3 +89,166 @@ def test_a_cron_that_never_matches_gives_up() -> None:
 def test_bad_crons_are_refused(expression: Any) -> None:
     with pytest.raises(nbqueue.InvalidArgument):
         Cron.parse(expression)
+
+
+# -- steps, boundaries, whole minutes, impossible dates -------------------------------------------
+
+
+def slots(expression: str, start: str, end: str) -> list[str]:
+    """Every slot of `expression` from `start` to `end` (both included), found through latest() alone."""
+    cron = Cron.parse(expression)
+    found = []
+    moment = cron.latest(_at(end))
+    while moment is not None and moment >= _at(start):
+        found.append(moment.strftime("%Y-%m-%d %H:%M"))
+        moment = cron.latest(moment - timedelta(minutes=1))
+    return found[::-1]
+
+
+@pytest.mark.parametrize(
+    ("expression", "start", "end", "expected"),
+    [
+        # a/n: from a, every n, to the end of the field's range
+        ("5/15 * * * *", "2024-06-10 12:00", "2024-06-10 12:59", ["12:05", "12:20", "12:35", "12:50"]),
+        ("10-50/20 * * * *", "2024-06-10 12:00", "2024-06-10 12:59", ["12:10", "12:30", "12:50"]),
+        ("0/25 * * * *", "2024-06-10 12:00", "2024-06-10 12:59", ["12:00", "12:25", "12:50"]),
+        ("50/5 * * * *", "2024-06-10 12:00", "2024-06-10 12:59", ["12:50", "12:55"]),
+        ("58/7 * * * *", "2024-06-10 12:00", "2024-06-10 12:59", ["12:58"]),
+        ("1,40/10 * * * *", "2024-06-10 12:00", "2024-06-10 12:59", ["12:01", "12:40", "12:50"]),
+        ("*/20 * * * *", "2024-06-10 12:00", "2024-06-10 12:59", ["12:00", "12:20", "12:40"]),
+        ("0 5/6 * * *", "2024-06-10 00:00", "2024-06-10 23:59", ["05:00", "11:00", "17:00", "23:00"]),
+        ("0 0 10/10 6 *", "2024-06-01 00:00", "2024-06-30 23:59", ["06-10", "06-20", "06-30"]),
+        ("0 0 1 2/5 *", "2024-01-01 00:00", "2024-12-31 23:59", ["02-01", "07-01", "12-01"]),
+    ],
+)
+def test_cron_steps_run_to_the_end_of_the_range(
+    expression: str, start: str, end: str, expected: list[str]
+) -> None:
+    found = slots(expression, start, end)
+    if ":" in expected[0]:  # times of one day
+        assert [slot[-5:] for slot in found] == expected
+        assert {slot[:10] for slot in found} == {start[:10]}
+    else:  # midnights, as month-day
+        assert [slot[5:10] for slot in found] == expected
+        assert {slot[-5:] for slot in found} == {"00:00"}
+
+
+@pytest.mark.parametrize(
+    ("expression", "at", "latest"),
+    [
+        ("59 * * * *", "2024-06-10 10:58:30", "2024-06-10 09:59"),  # back over an hour
+        ("59 * * * *", "2024-06-10 10:00", "2024-06-10 09:59"),
+        ("59 * * * *", "2024-06-10 10:59:59", "2024-06-10 10:59"),
+        ("59 * * * *", "2024-06-10 00:30", "2024-06-09 23:59"),  # back over a day
+        ("30 * * * *", "2024-06-10 00:10", "2024-06-09 23:30"),
+        ("59 22 * * *", "2024-06-10 23:00", "2024-06-10 22:59"),
+        ("59 23 * * *", "2024-06-11 00:30", "2024-06-10 23:59"),  # the previous day's 23:59
+        ("59 23 * * *", "2024-06-10 23:58", "2024-06-09 23:59"),
+        ("59 23 * * *", "2024-07-01 00:30", "2024-06-30 23:59"),  # back over a month
+        ("59 23 * * *", "2024-03-01 00:00", "2024-02-29 23:59"),  # into a leap day
+        ("59 23 * * *", "2023-03-01 00:00", "2023-02-28 23:59"),
+        ("59 23 * * *", "2024-01-01 00:00:30", "2023-12-31 23:59"),  # back over a year
+        ("59 * * * *", "2025-01-01 00:30", "2024-12-31 23:59"),
+        ("59 23 31 * *", "2024-07-01 00:00", "2024-05-31 23:59"),  # June has no 31st
+        ("59 23 * * 5", "2024-06-10 00:00", "2024-06-07 23:59"),  # the last Friday
+        ("59 23 * 2 *", "2024-06-01 00:00", "2024-02-29 23:59"),
+    ],
+)
+def test_cron_latest_slot_at_minute_59_across_hours_days_months_and_years(
+    expression: str, at: str, latest: str
+) -> None:
+    assert Cron.parse(expression).latest(_at(at)) == _at(latest)
+
+
+@pytest.mark.parametrize(
+    ("expression", "latest"),
+    [
+        ("* * * * *", "2024-06-10 12:34"),
+        ("*/5 * * * *", "2024-06-10 12:30"),
+        ("34 * * * *", "2024-06-10 12:34"),
+        ("59 * * * *", "2024-06-10 11:59"),
+        ("0 0 * * *", "2024-06-10 00:00"),
+    ],
+)
+def test_cron_slots_are_whole_minutes(expression: str, latest: str) -> None:
+    slot = Cron.parse(expression).latest(datetime(2024, 6, 10, 12, 34, 56, 789123, tzinfo=UTC))
+    assert slot == _at(latest)
+    assert slot is not None and (slot.second, slot.microsecond) == (0, 0)
+    assert slot.tzinfo == UTC
+
+
+@pytest.mark.parametrize(
+    ("seconds", "latest"),
+    [
+        (1, "2024-06-10 12:34:56"),
+        (60, "2024-06-10 12:34:00"),
+        (3600, "2024-06-10 12:00:00"),
+    ],
+)
+def test_every_slots_are_whole_seconds(seconds: float, latest: str) -> None:
+    slot = Every(seconds).latest(datetime(2024, 6, 10, 12, 34, 56, 789123, tzinfo=UTC))
+    assert slot == _at(latest)
+    assert slot is not None and slot.microsecond == 0
+    assert slot.tzinfo == UTC
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "0 0 30 2 *",
+        "0 0 31 2 *",
+        "0 0 30-31 2 *",
+        "0 0 31 4 *",
+        "0 0 31 6 *",
+        "0 0 31 9,11 *",
+        "0 0 31 4,6 *",
+    ],
+)
+def test_a_date_that_never_comes_is_refused_at_parse(expression: str) -> None:
+    with pytest.raises(nbqueue.InvalidArgument):
+        Cron.parse(expression)
+
+
+@pytest.mark.parametrize(
+    ("expression", "at", "latest"),
+    [
+        ("0 0 29 2 *", "2024-02-29 12:00", "2024-02-29 00:00"),
+        ("0 0 29 2 *", "2024-02-28 23:59", "2020-02-29 00:00"),
+        ("0 0 29 2 *", "2028-03-01 00:00", "2028-02-29 00:00"),
+        ("0 0 29 2 *", "2101-01-01 00:00", "2096-02-29 00:00"),  # 2100 is not a leap year
+        ("0 0 31 4,5 *", "2024-06-01 00:00", "2024-05-31 00:00"),  # one possible month is enough
+        ("0 0 30 2 1", "2024-06-01 00:00", "2024-02-26 00:00"),  # day 30 OR a Monday: Mondays come
+    ],
+)
+def test_a_date_that_comes_is_accepted(expression: str, at: str, latest: str) -> None:
+    assert Cron.parse(expression).latest(_at(at)) == _at(latest)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "at", "latest"),
+    [
+        (1, "2024-06-10 12:34:56", "2024-06-10 12:34:56"),
+        (7, "1970-01-01 00:00:20", "1970-01-01 00:00:14"),  # counted from the epoch
+        (45, "2024-06-10 00:00:44", "2024-06-10 00:00:00"),
+        (90, "2024-06-10 00:01:29", "2024-06-10 00:00:00"),
+        (90, "2024-06-10 00:01:30", "2024-06-10 00:01:30"),  # a slot is its own latest
+        (300, "2024-06-10 12:07:30", "2024-06-10 12:05:00"),
+        (3600, "2024-06-10 12:00:00", "2024-06-10 12:00:00"),
+        (3600, "2024-06-10 11:59:59", "2024-06-10 11:00:00"),
+        (5400, "2024-06-10 01:29:59", "2024-06-10 00:00:00"),  # 90 minutes: 16 slots a day
+        (5400, "2024-06-10 01:30:00", "2024-06-10 01:30:00"),
+        (7200, "2024-06-10 13:59:00", "2024-06-10 12:00:00"),  # even hours
+        (86400, "2024-06-10 23:59:59", "2024-06-10 00:00:00"),  # midnight UTC
+        (604800, "2024-06-10 12:00:00", "2024-06-06 00:00:00"),  # weeks start on Thursday, as 1970-01-01
+        (604800, "2024-06-06 00:00:00", "2024-06-06 00:00:00"),
+    ],
+)
+def test_every_table(seconds: float, at: str, latest: str) -> None:
+    assert Every(seconds).latest(_at(at)) == _at(latest)
+
+
+def test_every_evaluates_in_utc() -> None:
+    at = datetime(2024, 6, 10, 1, 30, tzinfo=timezone(timedelta(hours=2)))  # 23:30 UTC on the 9th
+    latest = Every(86400).latest(at)
+    assert latest == _at("2024-06-09 00:00")  # the UTC midnight, not the local one
+    assert latest is not None and latest.tzinfo == UTC

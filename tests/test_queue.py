@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -11,7 +12,8 @@ from typing import Any
 import pytest
 
 import nbqueue
-from nbqueue import Backoff, ManualClock, Queue, State
+from nbqueue import Backoff, Job, ManualClock, Queue, State
+from nbqueue.payload import MAX_BYTES
 
 MakeQueue = Callable[..., Queue]
 
@@ -85,6 +87,34 @@ def test_claim_filters_by_queue(queue: Queue) -> None:
     assert got_a is not None and got_a.id == a.id
 
 
+def test_claim_filters_by_task(queue: Queue) -> None:
+    @queue.task(name="gap.a")
+    def a(n: int) -> int:
+        return n
+
+    @queue.task(name="gap.b")
+    def b(n: int) -> int:
+        return n
+
+    raw = queue.enqueue({"raw": True}, priority=9)  # first in line for an unfiltered claim
+    b1 = b.schedule(args=(1,), priority=5)
+    a1, a2 = a.enqueue(1), a.enqueue(2)
+
+    assert queue.claim(tasks=[]) is None  # no task named: nothing
+    assert queue.claim(tasks=["gap.unknown"]) is None
+    first = queue.claim(tasks=["gap.a"])
+    second = queue.claim(tasks=["gap.a"])
+    assert first is not None and second is not None
+    assert (first.id, first.task, second.id) == (a1.id, "gap.a", a2.id)
+    assert queue.claim(tasks=["gap.a"]) is None
+    both = queue.claim(tasks=["gap.a", "gap.b"])
+    assert both is not None and both.id == b1.id
+    assert queue.claim(tasks=["gap.a", "gap.b"]) is None  # a raw payload job has no task
+    assert queue.get(raw.id).status == "pending"
+    anything = queue.claim()
+    assert anything is not None and anything.id == raw.id
+
+
 def test_fail_retries_after_exact_backoff_then_dies(exact_queue: Queue, clock: ManualClock) -> None:
     q = exact_queue
     job = q.enqueue({"n": 1}, max_retries=3)
@@ -148,6 +178,17 @@ def test_fail_without_retry_goes_dead(queue: Queue) -> None:
     assert job is not None
     assert queue.fail(job, "permanent", retry=False) == "dead"
     assert queue.get(job.id).status == "dead"
+
+
+@pytest.mark.parametrize(("max_retries", "verdict"), [(3, "retry"), (0, "dead")])
+def test_fail_stores_the_attempts_output(queue: Queue, max_retries: int, verdict: str) -> None:
+    job = queue.enqueue({"n": 1}, max_retries=max_retries)
+    claimed = queue.claim()
+    assert claimed is not None and claimed.id == job.id
+    assert queue.fail(claimed, "x", output="printed before it broke\n") == verdict
+    stored = queue.get(job.id)
+    assert stored.output == "printed before it broke\n"
+    assert stored.error == "x"
 
 
 def test_default_backoff_has_jitter_within_ten_percent(clocked_queue: Queue, clock: ManualClock) -> None:
@@ -233,6 +274,55 @@ def test_requeue_refuses_an_unfinished_job(queue: Queue) -> None:
     with pytest.raises(nbqueue.InvalidTransition):
         queue.requeue(job.id)
     assert queue.get(job.id).status == "pending"
+
+
+def run_to_death(q: Queue, job: Job) -> None:
+    """Claim `job` (from its own queue) and fail it for the last time."""
+    claimed = q.claim(queues=[job.queue])
+    assert claimed is not None and claimed.id == job.id
+    assert q.fail(claimed, "boom", retry=False) == "dead"
+
+
+def test_requeue_by_id_leaves_a_job_whose_key_is_held_and_names_it(queue: Queue) -> None:
+    q = queue
+    q.enqueue_many([{"filler": i} for i in range(10)], queue="filler")  # two-digit ids below
+    a = q.enqueue({"n": "a"}, key="shared", queue="work")
+    b = q.enqueue({"n": "b"}, key="b's own", queue="work")
+    for job in (a, b):
+        run_to_death(q, job)
+    c = q.enqueue({"n": "c"}, key="shared", queue="work")  # A is dead: its key is free for C
+    assert c.id not in (a.id, b.id)
+
+    with pytest.raises(nbqueue.InvalidTransition) as info:
+        q.requeue([a.id, b.id])
+    message = str(info.value)
+    assert re.search(rf"\b{a.id}\b", message), message
+    assert not re.search(rf"\b{b.id}\b", message), message
+    assert q.get(b.id).status == "pending"  # requeued all the same
+    assert q.get(b.id).retries == 0
+    assert q.get(a.id).status == "dead"
+    assert q.get(c.id).status == "pending"
+    assert q.enqueue({"n": "again"}, key="shared").id == c.id  # C still holds the key
+    assert q.counts("work") == {**dict.fromkeys(q.counts(), 0), "pending": 2, "dead": 1}
+
+
+def test_requeue_all_dead_requeues_the_oldest_of_jobs_sharing_a_key(queue: Queue) -> None:
+    """Two dead jobs share a key: requeue(None) gives it to the oldest, silently leaves the other."""
+    q = queue
+    older = q.enqueue({"n": "older"}, key="k", queue="work")
+    run_to_death(q, older)
+    newer = q.enqueue({"n": "newer"}, key="k", queue="work")  # the key was free again
+    assert newer.id != older.id
+    run_to_death(q, newer)
+    keyless = q.enqueue({"n": "no key"}, queue="work")
+    run_to_death(q, keyless)
+
+    assert q.requeue(None) == 2
+    assert q.get(older.id).status == "pending"
+    assert q.get(keyless.id).status == "pending"
+    assert q.get(newer.id).status == "dead"
+    assert q.enqueue({"n": "again"}, key="k").id == older.id
+    assert q.counts() == {**dict.fromkeys(q.counts(), 0), "pending": 2, "dead": 1}
 
 
 # -- cancel, purge, counts --------------------------------------------------------------
@@ -323,6 +413,58 @@ def test_purge_older_than(clocked_queue: Queue, clock: ManualClock, older_than: 
     with pytest.raises(nbqueue.JobNotFound):
         q.get(old.id)
     assert q.get(new.id).status == "completed"
+
+
+# -- delete -------------------------------------------------------------------------------------
+
+
+def test_delete_removes_only_the_named_finished_jobs(clocked_queue: Queue) -> None:
+    q = clocked_queue  # the manual clock: the failed jobs' retries never come due here
+    ids = finish_one_of_each(q)
+    spare = finish_one_of_each(q)  # one more job in each state, not named below
+    named = [ids["completed"], ids["dead"], ids["cancelled"]]
+    assert q.delete(named) == 3
+    for job_id in named:
+        with pytest.raises(nbqueue.JobNotFound):
+            q.get(job_id)
+    for name in ("pending", "running", "failed"):
+        assert q.get(ids[name]).status == name
+    for name, job_id in spare.items():
+        assert q.get(job_id).status == name
+    states = ("pending", "running", "failed", "completed", "dead", "cancelled")
+    assert q.counts() == dict(zip(states, (2, 2, 2, 1, 1, 1), strict=True))
+
+
+def test_delete_takes_one_id_or_a_job_and_counts_what_it_deleted(clocked_queue: Queue) -> None:
+    q = clocked_queue
+    ids = finish_one_of_each(q)
+    assert q.delete(ids["dead"]) == 1
+    assert q.delete(q.get(ids["completed"])) == 1
+    assert q.delete([]) == 0
+    assert sum(q.counts().values()) == 4
+    with pytest.raises(nbqueue.JobNotFound):
+        q.delete(ids["dead"])  # already gone
+
+
+@pytest.mark.parametrize("unfinished", ["pending", "running", "failed"])
+def test_delete_refuses_an_unfinished_job_and_deletes_nothing(clocked_queue: Queue, unfinished: str) -> None:
+    q = clocked_queue
+    ids = finish_one_of_each(q)
+    before = q.counts()
+    with pytest.raises(nbqueue.InvalidTransition, match=rf"job {ids[unfinished]} is {unfinished}"):
+        q.delete([ids["completed"], ids[unfinished], ids["dead"]])
+    assert q.counts() == before
+    for name, job_id in ids.items():
+        assert q.get(job_id).status == name
+
+
+def test_delete_of_an_unknown_id_raises_and_deletes_nothing(clocked_queue: Queue) -> None:
+    q = clocked_queue
+    ids = finish_one_of_each(q)
+    with pytest.raises(nbqueue.JobNotFound, match="12345"):
+        q.delete([ids["completed"], 12345])
+    assert q.get(ids["completed"]).status == "completed"
+    assert sum(q.counts().values()) == 6
 
 
 # -- ordering ---------------------------------------------------------------------------
@@ -582,6 +724,23 @@ def test_json_values_round_trip(queue: Queue) -> None:
     assert queue.get(queue.enqueue(payload).id).payload == payload
 
 
+def test_payload_just_over_the_size_limit_is_refused_and_just_under_is_kept(queue: Queue) -> None:
+    queue.enqueue({"n": "already there"})
+    before = queue.counts()
+    data = "x" * (MAX_BYTES - 5)  # built once: ["..."] is MAX_BYTES - 1 bytes of JSON
+    over: list[Any] = [data, 0]  # ["...",0] is MAX_BYTES + 1
+    with pytest.raises(nbqueue.PayloadError, match="payload is") as info:
+        queue.enqueue(over)
+    assert f"{MAX_BYTES + 1:,} bytes" in str(info.value)
+    with pytest.raises(nbqueue.PayloadError, match=r"payloads\[1\]"):
+        queue.enqueue_many([{"n": "fine"}, over])
+    assert queue.counts() == before  # nothing written by either
+    job = queue.enqueue([data])
+    assert queue.counts()["pending"] == before["pending"] + 1
+    stored = queue.get(job.id).payload
+    assert len(stored) == 1 and len(stored[0]) == len(data) and stored[0] == data
+
+
 # -- errors ------------------------------------------------------------------------------
 
 
@@ -696,3 +855,34 @@ def test_manual_clock_drives_every_timestamp(clocked_queue: Queue, clock: Manual
     assert claimed.started_at == at(clock)
     assert claimed.lease_until == at(clock, 60)
     assert clocked_queue.now() == at(clock)
+
+
+def test_release_stamps_the_queue_clock(clocked_queue: Queue, clock: ManualClock) -> None:
+    q = clocked_queue
+    job = q.enqueue({"n": 1})
+    claimed = q.claim(lease=60)
+    assert claimed is not None
+    clock.advance(100)
+    assert q.release(claimed) is True
+    released = q.get(job.id)
+    assert released.status == "pending"
+    assert released.updated_at == at(clock)  # the manual clock's time, not the wall clock's
+
+
+@pytest.mark.parametrize("state", ["pending", "running", "failed"])
+def test_cancel_stamps_the_queue_clock(clocked_queue: Queue, clock: ManualClock, state: str) -> None:
+    q = clocked_queue
+    job = q.enqueue({"n": 1})
+    if state != "pending":
+        claimed = q.claim(lease=60)
+        assert claimed is not None
+        if state == "failed":
+            assert q.fail(claimed, "x") == "retry"
+    assert q.get(job.id).status == state
+    clock.advance(100)
+    cancelled = q.cancel(job.id)
+    assert cancelled.status == "cancelled"
+    assert cancelled.updated_at == at(clock)
+    assert cancelled.finished_at == at(clock)
+    stored = q.get(job.id)
+    assert (stored.updated_at, stored.finished_at) == (at(clock), at(clock))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -104,6 +105,53 @@ def test_heartbeat_extends_the_lease(exact_queue: Queue, clock: ManualClock) -> 
     assert q.complete(job, "ok").status == "completed"
 
 
+@pytest.mark.parametrize("lease", [0, 0.0, -1, -0.001, timedelta(0), timedelta(seconds=-5)])
+def test_heartbeat_refuses_a_lease_that_is_not_positive(
+    clocked_queue: Queue, clock: ManualClock, lease: Any
+) -> None:
+    q = clocked_queue
+    q.enqueue({"n": 1})
+    job = claim(q, lease=10)
+    clock.advance(3)
+    with pytest.raises(nbqueue.InvalidArgument, match="lease"):
+        q.heartbeat(job, lease=lease)
+    assert q.get(job.id).lease_until == at(clock, 7)  # unchanged
+    assert q.heartbeat(job).lease_until == at(clock, 10)  # the claim is still good
+
+
+@pytest.mark.parametrize(
+    ("lease", "seconds"),
+    [(5, 5), (0.25, 0.25), (timedelta(seconds=5), 5), (timedelta(milliseconds=1500), 1.5)],
+)
+def test_heartbeat_with_a_lease_sets_it_from_now_exactly(
+    clocked_queue: Queue, clock: ManualClock, lease: Any, seconds: float
+) -> None:
+    q = clocked_queue
+    q.enqueue({"n": 1})
+    job = claim(q, lease=60)
+    clock.advance(7.25)
+    beat = q.heartbeat(job, lease=lease)
+    assert beat.lease_until == at(clock, seconds)  # now + lease, even when shorter than what was left
+    assert q.get(job.id).lease_until == at(clock, seconds)
+
+
+def test_heartbeat_without_a_lease_extends_by_the_claims_own(
+    clocked_queue: Queue, clock: ManualClock
+) -> None:
+    q = clocked_queue
+    q.enqueue({"n": 1})
+    q.enqueue({"n": 2})
+    short, long = claim(q, lease=45), claim(q, lease=90)
+    clock.advance(30)
+    assert q.heartbeat(short).lease_until == at(clock, 45)
+    assert q.heartbeat(long).lease_until == at(clock, 90)
+    q.heartbeat(short, lease=5)  # a one-off lease does not change the claim's own
+    clock.advance(1)
+    assert q.heartbeat(short).lease_until == at(clock, 45)
+    assert q.get(short.id).lease_until == at(clock, 45)
+    assert q.get(long.id).lease_until == at(clock, 89)
+
+
 def test_cancelled_running_job_refuses_its_result(exact_queue: Queue) -> None:
     q = exact_queue
     q.enqueue({"n": 1})
@@ -165,3 +213,22 @@ def test_recover_returns_how_many(exact_queue: Queue, clock: ManualClock) -> Non
     assert q.get(long.id).status == "running"
     assert q.counts()["pending"] == 1
     assert q.complete(long, 1).status == "completed"
+
+
+@pytest.mark.parametrize(("max_retries", "status"), [(2, "failed"), (1, "dead")])
+def test_recover_keeps_the_output_the_job_had(
+    exact_queue: Queue, clock: ManualClock, max_retries: int, status: str
+) -> None:
+    q = exact_queue
+    job = q.enqueue({"n": 1}, max_retries=max_retries)
+    first = claim(q, lease=5)
+    assert q.fail(first, "the first attempt broke", output="printed by the first attempt\n") == "retry"
+    clock.advance(2)  # the retry is due (2 s, no jitter)
+    second = claim(q, lease=5)
+    assert second.id == job.id and second.attempts == 2
+    clock.advance(6)  # its worker vanished: the lease ran out
+    assert q.recover() == 1
+    recovered = q.get(job.id)
+    assert recovered.status == status
+    assert "lease expired" in (recovered.error or "")
+    assert recovered.output == "printed by the first attempt\n"

@@ -150,6 +150,29 @@ def test_bad_progress_arguments_are_refused(args: tuple[Any, ...], kwargs: dict[
         nbqueue.progress(*args, **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("done", "total", "fraction"),
+    [
+        (3, 0, None),  # no total to divide by
+        (0, 0, None),
+        (3, None, None),
+        (0, None, None),
+        (0, 4, 0.0),
+        (1, 4, 0.25),
+        (2.5, 10, 0.25),
+        (4, 4, 1.0),
+        (5, 4, 1.0),  # clamped: past the total is done
+        (-1, 4, 0.0),  # clamped: below zero is not started
+    ],
+)
+def test_progress_fraction(done: float, total: float | None, fraction: float | None) -> None:
+    progress = nbqueue.Progress(done=done, total=total)
+    if fraction is None:
+        assert progress.fraction is None
+    else:
+        assert progress.fraction == fraction
+
+
 def test_wait_with_a_progress_bar_follows_a_reporting_job(queue: Queue) -> None:
     @queue.task(name="lr.steps")
     def steps(n: int) -> int:

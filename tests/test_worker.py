@@ -196,6 +196,25 @@ def test_job_output_is_captured_not_printed(queue: Queue, capfd: pytest.CaptureF
     assert "printed by the test itself" in out  # other threads still print normally
 
 
+@pytest.mark.parametrize(("max_retries", "status"), [(0, "dead"), (1, "failed")])
+def test_a_failed_jobs_printed_output_is_kept_with_its_error(
+    queue: Queue, max_retries: int, status: str
+) -> None:
+    @queue.task(max_retries=max_retries, backoff=Backoff(base=600, cap=600, jitter=0))
+    def noisy() -> None:
+        print("fetched 3 of 5 pages")
+        print("about to give up", file=sys.stderr)
+        raise ValueError("page 4 is broken")
+
+    job = noisy.enqueue()
+    queue.worker(lease=5).run_until_idle(timeout=20)  # the retry, if any, is ten minutes away
+    failed = queue.get(job.id)
+    assert failed.status == status
+    assert "fetched 3 of 5 pages" in (failed.output or "")
+    assert "about to give up" in (failed.output or "")
+    assert "ValueError: page 4 is broken" in (failed.error or "")
+
+
 def test_enqueue_wakes_an_idle_worker(queue: Queue) -> None:
     @queue.task
     def ping() -> str:

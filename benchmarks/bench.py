@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import nbqueue
+from nbqueue.storage import NewJob
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW_SCHEMA = """
@@ -43,6 +44,7 @@ RAW_CLAIM = (
 )
 RAW_COMPLETE = "UPDATE jobs SET status = 'completed', result = ?, updated_at = ? WHERE id = ?"
 NOOP = "bench.noop"
+BACKOFF = json.dumps(nbqueue.Backoff().to_dict())
 
 
 def raw_db(folder: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
@@ -77,24 +79,8 @@ def fill(q: nbqueue.Queue, n: int, task: str | None = NOOP) -> None:
     """n runnable jobs, written in big transactions (setup, not measured)."""
     for start in range(0, n, 50_000):
         count = min(50_000, n - start)
-        q.storage.insert(
-            [
-                q._new_job(
-                    task,
-                    '{"args":[0],"kwargs":{}}',
-                    "default",
-                    3,
-                    None,
-                    None,
-                    0,
-                    None,
-                    None,
-                    q._default_backoff,
-                )
-            ]
-            * count,
-            q._now(),
-        )
+        job = NewJob("default", task, '{"args":[0],"kwargs":{}}', 0, None, 3, 0, None, BACKOFF)
+        q.manager.storage.insert([job] * count, None)
 
 
 # -- throughput next to raw SQLite: each returns (nbqueue ops/s, raw ops/s) ----------

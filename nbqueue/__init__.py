@@ -8,6 +8,7 @@ from typing import Any
 from .clock import ManualClock
 from .context import Cancelled, cancelled, progress
 from .errors import (
+    DamagedJob,
     DatabaseFull,
     InvalidArgument,
     InvalidTransition,
@@ -24,7 +25,7 @@ from .errors import (
     TaskNotFound,
     WaitTimeout,
 )
-from .jobs import Job, Progress, State
+from .jobs import Job, Progress, State, Verdict
 from .queue import Queue
 from .retry import Backoff
 from .tasks import Task
@@ -38,6 +39,7 @@ logging.getLogger("nbqueue").addHandler(logging.NullHandler())
 __all__ = [
     "Backoff",
     "Cancelled",
+    "DamagedJob",
     "DatabaseFull",
     "InvalidArgument",
     "InvalidTransition",
@@ -58,6 +60,7 @@ __all__ = [
     "StorageError",
     "Task",
     "TaskNotFound",
+    "Verdict",
     "WaitTimeout",
     "Worker",
     "__version__",

@@ -9,24 +9,21 @@ from __future__ import annotations
 
 import ast
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .tasks import Task, register
-
-if TYPE_CHECKING:
-    from .queue import Queue
+from .tasks import Producer, Task, register
 
 CELL_TASK = "nbqueue.cell"
 
 
-def register_cell_task(queue: Queue, namespace: dict[str, Any] | None = None) -> Task[Any, Any]:
+def register_cell_task(producer: Producer, namespace: dict[str, Any] | None = None) -> Task[Any, Any]:
     """Register the opt-in task that runs queued cells, in `namespace` (default: a fresh one)."""
 
     def run_cell(code: str, name: str = "cell") -> Any:
         scope = namespace if namespace is not None else {"__name__": "__nbqueue_cell__"}
         return execute(code, scope, filename=f"<nbqueue cell {name}>")
 
-    task: Task[Any, Any] = Task(fn=run_cell, name=CELL_TASK, queue=queue, opt_in=True)
+    task: Task[Any, Any] = Task(fn=run_cell, name=CELL_TASK, producer=producer, opt_in=True)
     register(task)
     return task
 

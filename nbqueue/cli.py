@@ -149,8 +149,8 @@ def _worker(queue: Queue, args: argparse.Namespace) -> int:
     from .cells import register_cell_task  # noqa: PLC0415
 
     if args.allow_code:  # notebook cells queued with %%enqueue: run them in a fresh namespace
-        register_cell_task(queue)
-    allow = [n for n in registry.names() if registry.lookup(n).opt_in] if args.allow_code else []
+        register_cell_task(queue.manager)
+    allow = registry.opt_in_names() if args.allow_code else ()
     worker = queue.worker(
         queues=args.queues,
         concurrency=args.concurrency,

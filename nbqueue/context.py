@@ -15,14 +15,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .errors import InvalidArgument, NbqueueError
-
-if TYPE_CHECKING:
-    from .jobs import Job
-    from .queue import Queue
+from .jobs import Job
 
 THROTTLE = 0.5  # seconds between progress writes: a tight loop must not hammer the database
 
@@ -32,38 +29,42 @@ class Cancelled(NbqueueError):
 
 
 Report = Callable[[float, float | None, str], bool]
-"""Records progress somewhere else (a process-mode child reports to its parent)."""
+"""Records progress for the job; False when its claim is gone (cancelled, timed out)."""
+
+StillClaimed = Callable[[], bool]
+"""Re-reads whether the job's claim is still live."""
 
 
 @dataclass
 class JobContext:
-    """What `progress()` and `cancelled()` know about the job running in this thread."""
+    """What `progress()` and `cancelled()` know about the job running here."""
 
-    queue: Queue | None
     job: Job
+    report: Report
+    still_claimed: StillClaimed | None = None  # None: the cancel flag is all there is to know
     cancel: threading.Event = field(default_factory=threading.Event)
-    report: Report | None = None
     last_write: float = float("-inf")
     last_check: float = float("-inf")
 
 
-_local = threading.local()
+# A context variable, not a thread-local: it follows a job across threads it starts with
+# copy_context() and, for coroutines, across awaits, so jobs never report to each other.
+_current: ContextVar[JobContext | None] = ContextVar("nbqueue_job", default=None)
 
 
 @contextmanager
 def running(context: JobContext) -> Iterator[JobContext]:
-    """Make `context` the current job of this thread for the duration."""
-    previous = getattr(_local, "context", None)
-    _local.context = context
+    """Make `context` the current job for the duration."""
+    token = _current.set(context)
     try:
         yield context
     finally:
-        _local.context = previous
+        _current.reset(token)
 
 
 def current() -> JobContext | None:
-    """The job running in this thread, if any."""
-    return getattr(_local, "context", None)
+    """The job running here, if any."""
+    return _current.get()
 
 
 def progress(done: float, total: float | None = None, message: str = "") -> None:
@@ -91,15 +92,9 @@ def progress(done: float, total: float | None = None, message: str = "") -> None
     if now - context.last_write < THROTTLE and not final:
         return
     context.last_write = context.last_check = now
-    job, queue, text = context.job, context.queue, message[:500]
-    if context.report is not None:
-        recorded = context.report(float(done), total, text)
-    else:
-        assert queue is not None
-        recorded = queue.storage.progress(job.id, job.attempts, float(done), total, text, queue._now())
-    if not recorded:
+    if not context.report(float(done), total, message[:500]):
         context.cancel.set()
-        raise Cancelled(f"job {job.id} was cancelled (or its claim ended); stop working on it")
+        raise Cancelled(f"job {context.job.id} was cancelled (or its claim ended); stop working on it")
 
 
 def cancelled() -> bool:
@@ -110,9 +105,8 @@ def cancelled() -> bool:
     if context.cancel.is_set():
         return True
     now = time.monotonic()
-    if context.queue is not None and now - context.last_check >= THROTTLE:
+    if context.still_claimed is not None and now - context.last_check >= THROTTLE:
         context.last_check = now
-        fresh = context.queue.storage.get(context.job.id)
-        if fresh is None or fresh.status != "running" or fresh.attempts != context.job.attempts:
+        if not context.still_claimed():
             context.cancel.set()
     return context.cancel.is_set()

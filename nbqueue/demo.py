@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def main(path: str | None = None) -> int:
     with q.worker(concurrency=3, lease=10) as worker:
         worker.run_until_idle()
         while q.counts()["failed"]:  # retries scheduled a moment later
-            q.storage.wait_for_change(0.05)
+            time.sleep(0.05)
             worker.run_until_idle()
     _summary(q, "after the first pass")
 

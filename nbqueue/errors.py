@@ -51,6 +51,10 @@ class NotAQueueDatabase(StorageError):
     """The file is not an nbqueue database (or is corrupt)."""
 
 
+class DamagedJob(StorageError):
+    """A stored job cannot be read back (its row was damaged or written by hand)."""
+
+
 class SchemaTooNew(StorageError):
     """The database was written by a newer nbqueue; upgrade nbqueue to open it."""
 

@@ -18,17 +18,32 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 from . import payload as payload_json
 from .context import JobContext, running
 from .jobs import Job
 
-Outcome = tuple[str, Any, str | None]  # (kind, value, output): ok | error | timeout | cancelled
+
+class Ending(StrEnum):
+    """How one run of a handler ended."""
+
+    RETURNED = "returned"
+    RAISED = "raised"
+    TIMED_OUT = "timed out"
+    CANCELLED = "cancelled"
+
+
+class Outcome(NamedTuple):
+    """A handler's run: how it ended, its value (result, or error text) and what it printed."""
+
+    ending: Ending
+    value: Any = None
+    output: str | None = None
 
 
 def run_in_child(
-    target: str,
     job: Job,
     fn: Callable[..., Any],
     cancel: threading.Event,
@@ -49,24 +64,23 @@ def run_in_child(
                 try:
                     message = receive.recv()
                 except EOFError:
-                    return ("error", _died(child), None)
+                    return Outcome(Ending.RAISED, _died(child))
                 if message[0] == "progress":  # recorded here; False means the claim is gone
                     if not on_progress(*message[1:]):
                         cancel.set()
                     continue
-                outcome: Outcome = message
-                return outcome
+                return Outcome(Ending(message[0]), *message[1:])
             if not child.is_alive():
                 child.join()
                 if receive.poll(0):
                     continue
-                return ("error", _died(child), None)
+                return Outcome(Ending.RAISED, _died(child))
             if cancel.is_set():
                 _kill(child)
-                return ("cancelled", None, None)
+                return Outcome(Ending.CANCELLED)
             if deadline is not None and time.monotonic() > deadline:
                 _kill(child)
-                return ("timeout", f"timed out after {timeout:g} s; its process was killed", None)
+                return Outcome(Ending.TIMED_OUT, f"timed out after {timeout:g} s; its process was killed")
     finally:
         receive.close()
         if child.is_alive():
@@ -96,13 +110,13 @@ def _child(send: Any, job: Job, fn: Callable[..., Any]) -> None:
         return True  # a cancelled job's child is killed by the parent
 
     try:
-        with running(JobContext(None, job, report=report)):
+        with running(JobContext(job, report)):
             value = fn(*job.args, **job.kwargs)
-        send.send(("ok", payload_json.dumps(value, "result"), buffer.getvalue() or None))
+        send.send((Ending.RETURNED.value, payload_json.dumps(value, "result"), buffer.getvalue() or None))
     except BaseException as exc:  # the job's failure, reported to the parent
         text = "".join(traceback.format_exception(exc)).rstrip()
         with contextlib.suppress(Exception):  # the pipe is gone: the parent sees the exit
-            send.send(("error", text, buffer.getvalue() or None))
+            send.send((Ending.RAISED.value, text, buffer.getvalue() or None))
     finally:
         send.close()
         os._exit(0)  # no atexit handlers, no parent's threads' cleanup in the child

@@ -1,18 +1,18 @@
-"""Job, its states and the transitions allowed between them."""
+"""Job, its states, the transitions allowed between them, and how a stored row becomes a Job."""
 
 from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .errors import InvalidTransition
-
-if TYPE_CHECKING:
-    from .queue import Queue
+from .clock import from_us
+from .errors import DamagedJob, InvalidTransition
+from .retry import Backoff
 
 
 class State(StrEnum):
@@ -24,6 +24,13 @@ class State(StrEnum):
     FAILED = "failed"  # an attempt failed; waiting for its retry at run_at
     DEAD = "dead"
     CANCELLED = "cancelled"
+
+
+class Verdict(StrEnum):
+    """What a failed attempt leads to (`Queue.fail` returns it; it equals "retry" or "dead")."""
+
+    RETRY = "retry"
+    DEAD = "dead"
 
 
 #: Every legal change of state, with the verb that makes it.
@@ -55,14 +62,18 @@ def sources(target: State, verb: str) -> tuple[State, ...]:
 
 
 def check_transition(job_id: int, current: State | str, target: State | str) -> None:
-    """Raise InvalidTransition unless current -> target is legal."""
+    """Raise InvalidTransition unless current -> target is legal; the message names the moves allowed."""
     current, target = State(current), State(target)
-    if (current, target) not in TRANSITIONS:
-        allowed = sorted(b.value for (a, b) in TRANSITIONS if a == current) or ["nothing"]
-        raise InvalidTransition(
-            f"job {job_id} is {current.value}; it cannot become {target.value} "
-            f"(from {current.value} it may become: {', '.join(allowed)})"
-        )
+    if (current, target) in TRANSITIONS:
+        return
+    allowed = sorted(b.value for (a, b) in TRANSITIONS if a == current)
+    if not allowed:
+        hint = "it has finished, for good"
+    elif current in FINISHED:
+        hint = "it has finished; requeue it for a fresh start"
+    else:
+        hint = f"from {current.value} it may become: {', '.join(allowed)}"
+    raise InvalidTransition(f"job {job_id} is {current.value}; it cannot become {target.value} ({hint})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +86,7 @@ class Progress:
 
     @property
     def fraction(self) -> float | None:
-        """done / total, between 0 and 1; None when the total is unknown."""
+        """done / total, between 0 and 1; None when the total is unknown (or 0)."""
         if not self.total:
             return None
         return max(0.0, min(1.0, self.done / self.total))
@@ -85,36 +96,65 @@ class Progress:
         return f"{amount} {self.message}".strip()
 
 
+class JobSource(Protocol):
+    """Where a Job reads itself again and waits for its result (the queue it came from)."""
+
+    def get(self, job_id: int) -> Job:
+        """The job as stored now."""
+        ...
+
+    def result(self, job: Job | int, timeout: float | None = None) -> Any:
+        """Wait for the job to finish and return its result."""
+        ...
+
+
 @dataclass(slots=True, eq=False, repr=False)
 class Job:
     """One unit of work, as last read from the queue. `refresh()` re-reads it."""
 
+    #: The job's id, an integer unique within its queue database.
     id: int
+    #: Where it is in its life (a `State`, which equals its string value).
     status: State
+    #: The name of the queue it waits in.
     queue: str
+    #: The registered task that runs it, or None for a raw payload job.
     task: str | None
+    #: The payload: `{"args": [...], "kwargs": {...}}` for a task, any JSON for a raw job.
     payload: Any
+    #: Higher runs first.
     priority: int
+    #: The idempotency key, held while the job is unfinished.
     key: str | None
+    #: Failed attempts that were retried so far.
     retries: int
+    #: How many retries it may have: it runs at most max_retries + 1 times.
     max_retries: int
-    attempts: int  # claims so far; the fencing token of the current claim
+    #: Claims so far; also the fencing token of the current claim.
+    attempts: int
+    #: The last error (a traceback), kept after a requeue.
     error: str | None
+    #: When it may run (next).
     run_at: datetime
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    #: When the current claim ends unless a heartbeat extends it.
     lease_until: datetime | None = None
+    #: Who holds (or last held) the claim: host:pid:thread:tag.
     worker_id: str | None = None
+    #: Seconds an attempt may run before it is failed.
     timeout: float | None = None
+    #: What the job printed (the tail).
     output: str | None = None
-    backoff: dict[str, float] | None = None
+    #: The retry policy it carries, so every worker applies the same one.
+    backoff: Backoff | None = None
     result_json: str | None = field(default=None, repr=False)
     progress_done: float | None = None
     progress_total: float | None = None
     progress_message: str | None = None
-    _queue: Queue | None = field(default=None, repr=False)
+    _source: JobSource | None = field(default=None, repr=False)
 
     @property
     def args(self) -> list[Any]:
@@ -147,12 +187,20 @@ class Job:
         """The stored result, without waiting (None until completed)."""
         return None if self.result_json is None else json.loads(self.result_json)
 
+    def attach(self, source: JobSource) -> Job:
+        """Remember the queue this job was read from (for refresh and result); returns self."""
+        self._source = source
+        return self
+
     def refresh(self) -> Job:
         """Re-read this job from the queue, in place; returns self."""
-        fresh = self._bound().get(self.id)
-        for name in Job.__slots__:  # type: ignore[attr-defined]
-            setattr(self, name, getattr(fresh, name))
+        self.update_from(self._bound().get(self.id))
         return self
+
+    def update_from(self, other: Job) -> None:
+        """Take every field of `other` (a fresher read of the same job)."""
+        for name in Job.__slots__:  # type: ignore[attr-defined]
+            setattr(self, name, getattr(other, name))
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait until the job finishes and return its result.
@@ -163,10 +211,10 @@ class Job:
         """
         return self._bound().result(self, timeout=timeout)
 
-    def _bound(self) -> Queue:
-        if self._queue is None:
+    def _bound(self) -> JobSource:
+        if self._source is None:
             raise InvalidTransition(f"job {self.id} is not attached to a Queue")
-        return self._queue
+        return self._source
 
     def __repr__(self) -> str:
         what = self.task or "payload"
@@ -197,3 +245,87 @@ class Job:
             for k, v in rows
         )
         return f"<table><caption>nbqueue job {self.id}</caption>{body}</table>"
+
+
+#: The job columns every backend selects, in the order `from_row` reads them.
+COLUMNS = (
+    "id",
+    "status",
+    "queue",
+    "task",
+    "payload",
+    "priority",
+    "key",
+    "retries",
+    "max_retries",
+    "attempts",
+    "error",
+    "run_at",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "lease_until",
+    "worker_id",
+    "timeout",
+    "output",
+    "backoff",
+    "result",
+    "progress_done",
+    "progress_total",
+    "progress_message",
+)
+
+
+def from_row(row: Sequence[Any]) -> Job:
+    """A stored row (its values in COLUMNS order) as a Job.
+
+    Raises:
+        DamagedJob: any column cannot be read back (JSON that is not JSON, nested
+            beyond reason, a state or backoff that does not exist): never pickle,
+            never eval, and never a raw error from deep inside a decoder.
+    """
+    try:
+        backoff = json.loads(row[20]) if row[20] else None
+        return Job(
+            id=int(row[0]),
+            status=State(row[1]),
+            queue=str(row[2]),
+            task=None if row[3] is None else str(row[3]),
+            payload=json.loads(row[4]),
+            priority=_integer(row[5]),
+            key=row[6],
+            retries=_integer(row[7]),
+            max_retries=_integer(row[8]),
+            attempts=_integer(row[9]),
+            error=row[10],
+            run_at=_time(row[11]),
+            created_at=_time(row[12]),
+            updated_at=_time(row[13]),
+            started_at=from_us(row[14]),
+            finished_at=from_us(row[15]),
+            lease_until=from_us(row[16]),
+            worker_id=row[17],
+            timeout=None if row[18] is None else float(row[18]),
+            output=row[19],
+            backoff=None if backoff is None else Backoff.from_dict(backoff),
+            result_json=row[21],
+            progress_done=row[22],
+            progress_total=row[23],
+            progress_message=row[24],
+        )
+    except Exception as exc:  # RecursionError, TypeError, ValueError, OverflowError ...: all damage
+        name = type(exc).__name__
+        raise DamagedJob(f"job {row[0]}: its stored row cannot be read ({name}: {str(exc)[:200]})") from None
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer column, found {value!r:.60}")
+    return value
+
+
+def _time(value: Any) -> datetime:
+    moment = from_us(_integer(value))
+    assert moment is not None
+    return moment

@@ -5,17 +5,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, Unpack
 
-from .clock import Duration
 from .errors import InvalidArgument, TaskNotFound
+from .options import JobArgs, JobOptions
 from .retry import Backoff
-from .schedule import Cron, Every
 
 if TYPE_CHECKING:
     from .jobs import Job
-    from .queue import Queue
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -24,21 +21,48 @@ _registry: dict[str, Task[Any, Any]] = {}
 _registry_lock = threading.Lock()
 
 
+class Producer(Protocol):
+    """Where a task's calls are queued (a Queue's job manager)."""
+
+    def enqueue_call(
+        self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: JobArgs
+    ) -> Job:
+        """Queue `task(*args, **kwargs)` with the task's options, some replaced by `options`."""
+        ...
+
+
 @dataclass(eq=False)
 class Task(Generic[P, R]):
     """A function the queue can run later; calling it directly runs it now."""
 
     fn: Callable[P, R]
     name: str
-    queue: Queue
-    max_retries: int = 3
+    producer: Producer
+    options: JobOptions = field(default_factory=JobOptions)
     backoff: Backoff | None = None
-    queue_name: str = "default"
-    priority: int = 0
-    timeout: float | None = None
     opt_in: bool = False  # run only by workers that allow it by name (notebook code jobs)
     on_complete: Callable[[Job], object] | None = None  # called after the outcome is committed
     on_dead: Callable[[Job], object] | None = None
+
+    @property
+    def queue(self) -> str:
+        """The name of the queue the task's jobs wait in (unless a call names another)."""
+        return self.options.queue
+
+    @property
+    def priority(self) -> int:
+        """The task's default priority."""
+        return self.options.priority
+
+    @property
+    def max_retries(self) -> int:
+        """The task's default number of retries."""
+        return self.options.max_retries
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds an attempt may run (None: no limit)."""
+        return self.options.timeout
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the function here and now, without the queue."""
@@ -46,66 +70,21 @@ class Task(Generic[P, R]):
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Queue a call with this task's defaults; durable when it returns."""
-        return self.queue._enqueue_task(self, args, kwargs)
+        return self.producer.enqueue_call(self, args, kwargs, {})
 
     def schedule(
-        self,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        *,
-        delay: Duration | None = None,
-        run_at: datetime | None = None,
-        priority: int | None = None,
-        key: str | None = None,
-        queue: str | None = None,
-        max_retries: int | None = None,
-        timeout: Duration | None = None,
+        self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, **options: Unpack[JobArgs]
     ) -> Job:
-        """Queue a call with options: later, at a time, by priority, with an idempotency key."""
+        """Queue a call with options: later (delay, run_at), by priority, with an idempotency key,
+        in another queue, with other retries or timeout."""
         if isinstance(args, str | bytes) or not isinstance(args, Sequence):
             raise InvalidArgument(f"args must be a list or tuple of arguments, not {args!r}")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise InvalidArgument(f"kwargs must be a dict, not {type(kwargs).__name__}")
-        return self.queue._enqueue_task(
-            self,
-            tuple(args),
-            kwargs or {},
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            key=key,
-            queue=queue,
-            max_retries=max_retries,
-            timeout=timeout,
-        )
+        return self.producer.enqueue_call(self, tuple(args), kwargs or {}, options)
 
     def __repr__(self) -> str:
-        return f"<nbqueue task {self.name!r} queue={self.queue_name!r} max_retries={self.max_retries}>"
-
-
-@dataclass(frozen=True)
-class Periodic:
-    """A task enqueued on a schedule, with fixed arguments."""
-
-    task: Task[Any, Any]
-    schedule: Every | Cron
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-_periodic: dict[str, Periodic] = {}
-
-
-def register_periodic(periodic: Periodic) -> None:
-    """Make every worker in this process enqueue `periodic` on its schedule."""
-    with _registry_lock:
-        _periodic[periodic.task.name] = periodic
-
-
-def periodics() -> tuple[Periodic, ...]:
-    """Every periodic task registered in this process, as a snapshot."""
-    with _registry_lock:
-        return tuple(_periodic.values())
+        return f"<nbqueue task {self.name!r} queue={self.queue!r} max_retries={self.max_retries}>"
 
 
 def default_name(fn: Callable[..., Any]) -> str:
@@ -123,7 +102,19 @@ def unregister(name: str) -> None:
     """Forget a task (for tests and notebooks that redefine things)."""
     with _registry_lock:
         _registry.pop(name, None)
-        _periodic.pop(name, None)
+
+
+def snapshot() -> dict[str, Task[Any, Any]]:
+    """Every registration as it stands (a test saves it, then `restore`s it)."""
+    with _registry_lock:
+        return dict(_registry)
+
+
+def restore(saved: dict[str, Task[Any, Any]]) -> None:
+    """Put the registrations back to a `snapshot`."""
+    with _registry_lock:
+        _registry.clear()
+        _registry.update(saved)
 
 
 def lookup(name: str) -> Task[Any, Any]:
@@ -148,3 +139,9 @@ def names() -> tuple[str, ...]:
     """Every registered task name, as a snapshot."""
     with _registry_lock:
         return tuple(_registry)
+
+
+def opt_in_names() -> tuple[str, ...]:
+    """The registered tasks that run only where a worker allows them by name."""
+    with _registry_lock:
+        return tuple(name for name, task in _registry.items() if task.opt_in)

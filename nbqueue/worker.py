@@ -12,28 +12,42 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from . import tasks as registry
 from .clock import Duration, seconds, to_us
 from .context import JobContext, running
 from .errors import InvalidArgument, InvalidTransition, LeaseLost, NbqueueError, PayloadError, WaitTimeout
-from .isolation import run_in_child
-from .jobs import Job, State
-from .queue import Queue, _queues, default_worker_id
+from .isolation import Ending, Outcome, run_in_child
+from .jobs import Job, State, Verdict
+from .options import queue_names
 from .storage import ClaimRequest, Filter
+
+if TYPE_CHECKING:
+    from .manager import JobManager
+
+
+class _QueueLike(Protocol):
+    """A Queue, as far as the worker is concerned: it holds the manager."""
+
+    manager: JobManager
+
 
 log = logging.getLogger("nbqueue.worker")
 
 MAX_OUTPUT = 64 * 1024  # keep the tail of what a job prints
 IDLE_RECHECK = 0.5  # seconds an idle thread sleeps before re-reading the due time
 WATCH_EVERY = 1.0  # seconds between checks for cancelled jobs and periodic slots
+TIDY_EVERY = 10.0  # seconds between storage housekeeping (PostgreSQL folds its count changes)
 PRUNE_BATCH = 500
+PRUNED = (State.COMPLETED,)  # retention prunes completed jobs; dead ones wait for a person
 
 
 @dataclass
@@ -46,11 +60,16 @@ class Flight:
     runner: threading.Thread = field(default_factory=threading.current_thread)
 
 
+def default_worker_id() -> str:
+    """host:pid:thread:tag, so a lease names who holds it."""
+    return f"{os.uname().nodename}:{os.getpid()}:{threading.get_ident() % 100000}:{uuid.uuid4().hex[:6]}"
+
+
 class Worker:
-    """Runs a queue's jobs in background threads of this process.
+    """Runs a queue's jobs in background threads of this process (make one with `Queue.worker`).
 
     Args:
-        queue: the Queue to work.
+        queue: the Queue to work (the worker talks only to its JobManager, the one door).
         queues: queue names to take jobs from (None = every queue).
         concurrency: how many jobs run at once (one thread each).
         lease: seconds a claim lasts; heartbeats renew it while a job runs.
@@ -63,7 +82,7 @@ class Worker:
 
     def __init__(
         self,
-        queue: Queue,
+        queue: _QueueLike | JobManager,
         queues: str | Sequence[str] | None = None,
         concurrency: int = 1,
         lease: Duration = 60,
@@ -82,10 +101,11 @@ class Worker:
         lease_s = seconds(lease, "lease", allow_none=False) or 0.0
         if lease_s < 0.05:
             raise InvalidArgument(f"lease must be at least 0.05 seconds, not {lease_s}")
-        self.queue = queue
+        self.manager: JobManager = getattr(queue, "manager", queue)  # type: ignore[arg-type]
+        self.label = str(queue) if hasattr(queue, "manager") else ""  # names the queue in messages
         self.mode = mode
         self.retention = seconds(retention, "retention")
-        self.queues = _queues(queues)
+        self.queues = queue_names(queues)
         self.concurrency = concurrency
         self.lease = lease_s
         self.tasks = None if tasks is None else tuple(tasks)
@@ -136,7 +156,7 @@ class Worker:
         pending with no retry counted; whatever its handler returns later is refused.
         """
         self._stopping.set()
-        self.queue.storage.notify()
+        self.manager.notify()
         deadline = time.monotonic() + timeout
         for thread in self._threads:  # a runner stuck in a timed-out handler is not waited for
             if thread.name != "nbqueue-keeper" and thread not in self._retired:
@@ -148,7 +168,7 @@ class Worker:
             self._in_flight.clear()
         for job in stuck:
             try:
-                self.queue.release(job)
+                self.manager.release(job)
                 log.warning("job %d still running at stop: released back to pending", job.id)
             except NbqueueError as exc:
                 log.warning("job %d could not be released: %s", job.id, exc)
@@ -172,12 +192,10 @@ class Worker:
         try:
             while True:
                 with self._state:
-                    if self._busy == 0:
-                        due = self.queue.storage.next_due(self._filter())
-                        if due is None or due > self.queue._clock_us():
-                            return
+                    if self._busy == 0 and not self.manager.due_now(self._filter()):
+                        return
                     self._state.wait(0.02)
-                self.queue.storage.notify()  # wake an idle thread for the due job
+                self.manager.notify()  # wake an idle thread for the due job
                 if deadline is not None and time.monotonic() > deadline:
                     raise WaitTimeout(f"the worker was still busy after {timeout} s")
                 if not self.running:
@@ -209,7 +227,7 @@ class Worker:
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return f"<nbqueue.Worker {state} concurrency={self.concurrency} queue={self.queue.target!r}>"
+        return f"<nbqueue.Worker {state} concurrency={self.concurrency} queue={self.label!r}>"
 
     # -- the loop --------------------------------------------------------------
 
@@ -236,7 +254,7 @@ class Worker:
                 with self._state:
                     self._busy += 1
                 try:
-                    job = self.queue._claim(self._request())
+                    job = self.manager.claim(self._request())
                     if failing:
                         log.warning("claims work again after %d failure(s)", failing)
                     failing = 0
@@ -264,75 +282,70 @@ class Worker:
                     self._state.notify_all()
 
     def _idle_wait(self) -> None:
-        try:
-            due = self.queue.storage.next_due(self._filter())
-        except NbqueueError:
-            due = None
         wait = IDLE_RECHECK
-        if due is not None:
-            wait = min(wait, max(0.0, (due - self.queue._clock_us()) / 1e6))
+        try:
+            due = self.manager.next_due(self._filter())
+            if due is not None:
+                wait = min(wait, max(0.0, (due - self.manager.now_us()) / 1e6))
+        except NbqueueError:
+            pass
         if wait > 0 and not self._stopping.is_set():
-            self.queue.storage.wait_for_change(wait)
+            self.manager.wait_for_change(wait)
 
     def _execute(self, job: Job) -> Job | None:
         """Run one job and record its outcome; returns the next job if one was claimed with it."""
-        flight = Flight(job, time.monotonic(), JobContext(self.queue, job))
+        manager = self.manager
+
+        def report(done: float, total: float | None, message: str) -> bool:
+            return manager.record_progress(job, done, total, message)
+
+        context = JobContext(job, report, still_claimed=lambda: not manager.lost_claims([job]))
+        flight = Flight(job, time.monotonic(), context)
         with self._state:
             self._in_flight[job.id] = flight
         buffer = io.StringIO()
-        outcome: tuple[str, Any]
         try:
             handler = registry.lookup(job.task or "")
             if self.mode == "process":
-                kind, value, printed = run_in_child(
-                    str(self.queue.target),
-                    job,
-                    handler.fn,
-                    flight.context.cancel,
-                    job.timeout,
-                    lambda done, total, message: self.queue.storage.progress(
-                        job.id, job.attempts, done, total, message, self.queue._now()
-                    ),
-                )
-                buffer.write(printed or "")
-                outcome = (kind, json.loads(value) if kind == "ok" else value)
+                outcome = run_in_child(job, handler.fn, context.cancel, job.timeout, report)
+                buffer.write(outcome.output or "")
+                if outcome.ending is Ending.RETURNED:
+                    outcome = Outcome(Ending.RETURNED, json.loads(outcome.value))
             else:
-                with _captured(buffer), running(flight.context):
-                    outcome = ("ok", handler.fn(*job.args, **job.kwargs))
+                with _captured(buffer), running(context):
+                    outcome = Outcome(Ending.RETURNED, handler.fn(*job.args, **job.kwargs))
         except BaseException as exc:  # a handler's failure is the job's, never the worker's
-            outcome = ("error", exc)
+            outcome = Outcome(Ending.RAISED, exc)
         finally:
             with self._state:  # ours only if no timeout or stop took it (and no newer claim)
                 owned = self._in_flight.get(job.id) is flight
                 if owned:
                     del self._in_flight[job.id]
         output = _tail(buffer.getvalue())
-        if flight.context.cancel.is_set() or outcome[0] == "cancelled":
+        if context.cancel.is_set() or outcome.ending is Ending.CANCELLED:
             log.info("job %d stopped: cancelled, timed out or released", job.id)
             return None
         if not owned:  # timed out or released meanwhile: the lease is gone
             log.warning("job %d finished after its claim was given up; result discarded", job.id)
             return None
-        if outcome[0] == "timeout":
-            outcome = ("error", outcome[1])
         return self._report(job, outcome, output)
 
-    def _report(self, job: Job, outcome: tuple[str, Any], output: str | None) -> Job | None:
-        kind, value = outcome
+    def _report(self, job: Job, outcome: Outcome, output: str | None) -> Job | None:
+        value = outcome.value
         try:
-            if kind == "ok":
+            if outcome.ending is Ending.RETURNED:
                 try:
                     then = None if self._stopping.is_set() else self._request()
-                    following = self.queue._complete(job, value, output, then)
+                    following = self.manager.complete(job, value, output, then)
                     self._tally(completed=1)
                     self._hook(job, "on_complete")
                     return following
                 except PayloadError as exc:
                     value = exc
-            verdict = self.queue.fail(job, value, output=output)
+            verdict = self.manager.fail(job, value, output)
             self._tally(failed=1)
             log.info("job %d failed (%s): %s", job.id, verdict, _last_line(value))
-            if verdict == "dead":
+            if verdict is Verdict.DEAD:
                 self._hook(job, "on_dead")
         except LeaseLost as exc:
             log.warning("%s", exc)
@@ -344,7 +357,7 @@ class Worker:
 
     def _keeper(self) -> None:
         beat_every = self.lease / 3
-        last_beat = last_recover = last_watch = last_prune = 0.0
+        last_beat = last_recover = last_watch = last_prune = last_tidy = 0.0
         while not self._stopping.is_set():
             now = time.monotonic()
             if now - last_recover >= self.recover_interval:
@@ -356,7 +369,10 @@ class Worker:
             if now - last_watch >= WATCH_EVERY:
                 last_watch = now
                 self._guard(self._watch_cancellations)
-                self._guard(lambda: self.queue._tick_periodic(self._filter().tasks))
+                self._guard(lambda: self.manager.tick_periodic(self._filter().tasks))
+            if now - last_tidy >= TIDY_EVERY:
+                last_tidy = now
+                self._guard(self.manager.tidy)
             if self.retention is not None and now - last_prune >= min(60.0, max(1.0, self.retention / 10)):
                 last_prune = now
                 self._guard(self._prune)
@@ -365,8 +381,8 @@ class Worker:
             self._stopping.wait(min(beat_every, self.recover_interval, 0.25))
 
     def _recover(self) -> None:
-        for job, state in self.queue._recover():
-            if state is State.DEAD:
+        for job, verdict in self.manager.recover():
+            if verdict is Verdict.DEAD:
                 self._hook(job, "on_dead")
 
     def _beat(self) -> None:
@@ -374,7 +390,7 @@ class Worker:
             flights = list(self._in_flight.values())
         for flight in flights:
             try:
-                self.queue.heartbeat(flight.job)
+                self.manager.heartbeat(flight.job)
             except LeaseLost as exc:  # cancelled, or taken over: tell the handler to stop
                 log.warning("%s", exc)
                 flight.context.cancel.set()
@@ -390,12 +406,8 @@ class Worker:
         """A running job cancelled with q.cancel(): set its flag (process mode kills the child)."""
         with self._state:
             flights = {flight.job.id: flight for flight in self._in_flight.values()}
-        if not flights:
-            return
-        for fresh in self.queue.storage.get_many(list(flights)):
-            flight = flights[fresh.id]
-            if fresh.status is not State.RUNNING or fresh.attempts != flight.job.attempts:
-                flight.context.cancel.set()
+        for job_id in self.manager.lost_claims([flight.job for flight in flights.values()]):
+            flights[job_id].context.cancel.set()
 
     def _expire_timeouts(self) -> None:
         now = time.monotonic()
@@ -414,9 +426,9 @@ class Worker:
         for flight in late:
             job = flight.job
             try:
-                verdict = self.queue.fail(job, f"timed out after {job.timeout:g} s")
+                verdict = self.manager.fail(job, f"timed out after {job.timeout:g} s")
                 self._tally(failed=1)
-                if verdict == "dead":
+                if verdict is Verdict.DEAD:
                     self._hook(job, "on_dead")
             except NbqueueError as exc:
                 log.warning("could not fail timed-out job %d: %s", job.id, exc)
@@ -424,8 +436,9 @@ class Worker:
                 self._spawn_runner()
 
     def _prune(self) -> None:
+        assert self.retention is not None
         while not self._stopping.is_set():
-            if self.queue.purge("completed", older_than=self.retention, limit=PRUNE_BATCH) < PRUNE_BATCH:
+            if self.manager.purge(PRUNED, to_us(self.retention), limit=PRUNE_BATCH) < PRUNE_BATCH:
                 return
 
     def _hook(self, job: Job, which: str) -> None:
@@ -437,7 +450,7 @@ class Worker:
         if hook is None:
             return
         try:
-            hook(job if which == "on_complete" else self.queue.get(job.id))
+            hook(job if which == "on_complete" else self.manager.get(job.id))
         except Exception:
             log.exception("%s hook of task %s failed for job %d", which, job.task, job.id)
 

@@ -24,14 +24,9 @@ MakeQueue = Callable[..., nbqueue.Queue]
 @pytest.fixture(autouse=True)
 def _isolated_registry() -> Iterator[None]:
     """Tasks registered by one test must not be run by another test's worker."""
-    with tasks._registry_lock:
-        saved, periodic = dict(tasks._registry), dict(tasks._periodic)
+    saved = tasks.snapshot()
     yield
-    with tasks._registry_lock:
-        tasks._registry.clear()
-        tasks._registry.update(saved)
-        tasks._periodic.clear()
-        tasks._periodic.update(periodic)
+    tasks.restore(saved)
 
 
 PG_SERVER = os.environ.get("NBQUEUE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,23 +16,17 @@ from typing import Any
 import pytest
 
 import nbqueue
-from nbqueue import Queue, tasks
+from nbqueue import Queue
 from nbqueue.schedule import Every, make
 from tests.helpers import MakeQueue, wait_until
 
 START = datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)  # ManualClock's default start
 
 
-@pytest.fixture(autouse=True)
-def _isolated_periodics() -> Iterator[None]:
-    """Every test here starts with no periodic task registered (conftest restores them after)."""
-    with tasks._registry_lock:  # internal: replace when the refactor lands
-        saved = dict(tasks._periodic)  # internal: replace when the refactor lands
-        tasks._periodic.clear()  # internal: replace when the refactor lands
-    yield
-    with tasks._registry_lock:  # internal: replace when the refactor lands
-        tasks._periodic.clear()  # internal: replace when the refactor lands
-        tasks._periodic.update(saved)  # internal: replace when the refactor lands
+def declare(queues: list[Queue], fn: Callable[..., Any], **plan: Any) -> None:
+    """Each queue declares the schedule, as each worker process importing the tasks would."""
+    for q in queues:
+        q.periodic(**plan)(fn)
 
 
 def tick_together(queues: list[Queue]) -> list[list[str]]:
@@ -43,7 +37,7 @@ def tick_together(queues: list[Queue]) -> list[list[str]]:
     def tick(i: int) -> None:
         barrier.wait()
         try:
-            results[i] = queues[i]._tick_periodic()  # internal: replace when the refactor lands
+            results[i] = queues[i].manager.tick_periodic()
         except BaseException as exc:
             results[i] = exc
 
@@ -68,9 +62,10 @@ def test_each_periodic_slot_is_enqueued_once_by_three_queues(
 ) -> None:
     queues = [make_queue(clock=clock) for _ in range(3)]
 
-    @queues[0].periodic(name="lr.tick", args=(3,), **plan)
     def tick(n: int) -> int:
         return n
+
+    declare(queues, tick, name="lr.tick", args=(3,), **plan)
 
     # First sighting: the current slot (22:10) is recorded, nothing is enqueued.
     assert tick_together(queues) == [[], [], []]
@@ -99,13 +94,13 @@ def test_a_cron_task_is_enqueued_once_per_slot_with_three_workers(
     queues = [make_queue(clock=clock) for _ in range(3)]
     ran: list[int] = []
 
-    @queues[0].periodic(cron="*/5 * * * *", name="lr.cron")
     def every_five_minutes() -> int:
         ran.append(1)
         return len(ran)
 
+    declare(queues, every_five_minutes, cron="*/5 * * * *", name="lr.cron")
     # first sighting, before any worker runs
-    assert queues[0]._tick_periodic() == []  # internal: replace when the refactor lands
+    assert queues[0].manager.tick_periodic() == []
     workers = [q.worker(lease=5) for q in queues]
     try:
         for worker in workers:
@@ -125,9 +120,10 @@ def test_every_second_with_three_real_workers_enqueues_each_slot_once(tmp_path: 
     """The real clock, on SQLite; both backends race for slots in the two tests above."""
     queues = [Queue(tmp_path / "jobs.db") for _ in range(3)]
 
-    @queues[0].periodic(every=1, name="lr.beat")
     def beat() -> str:
         return "beat"
+
+    declare(queues, beat, every=1, name="lr.beat")
 
     workers = [q.worker(lease=5) for q in queues]
     try:
@@ -196,3 +192,24 @@ def test_periodic_needs_exactly_one_schedule(tmp_path: Path) -> None:
 
     assert make(None, timedelta(minutes=5)) == Every(300)
     assert str(make("*/5 * * * *", None)) == "cron */5 * * * *"
+
+
+def test_a_schedule_belongs_to_the_queue_that_declared_it(tmp_path: Path, clock: nbqueue.ManualClock) -> None:
+    """Another queue's workers, in another database, never enqueue (or run) it."""
+    ours, theirs = Queue(tmp_path / "ours.db", clock=clock), Queue(tmp_path / "theirs.db", clock=clock)
+
+    @ours.periodic(every=60, name="lr.ours")
+    def ours_only() -> str:
+        return "ours"
+
+    for _ in range(2):  # first sighting, then the next slot
+        assert theirs.manager.tick_periodic() == []
+        ours.manager.tick_periodic()
+        clock.advance(60)
+    assert theirs.counts()["pending"] == 0
+    assert ours.counts()["pending"] == 1
+    with theirs.worker(lease=5) as worker:
+        worker.run_until_idle()
+    assert sum(theirs.counts().values()) == 0
+    ours.close()
+    theirs.close()

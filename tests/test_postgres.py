@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import psycopg
 
 import nbqueue
+from nbqueue.storage import NewJob
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -80,23 +82,13 @@ def test_four_worker_processes_complete_every_job_exactly_once(pg_url: str, tmp_
     ids = q.enqueue_many([{"args": [i], "kwargs": {}} for i in range(10_000)])  # raw: not runnable
     assert len(ids) == 10_000
     jobs = [record.enqueue(i) for i in range(200)]  # plus the real task jobs, one by one
-    q.storage.insert(  # and 10,000 runnable ones in one transaction
+    backoff = json.dumps(q.backoff.to_dict())
+    q.manager.storage.insert(  # and 10,000 runnable ones in one transaction
         [
-            q._new_job(
-                "record",
-                f'{{"args":[{i}],"kwargs":{{}}}}',
-                "default",
-                3,
-                None,
-                None,
-                0,
-                None,
-                None,
-                q._default_backoff,
-            )
+            NewJob("default", "record", f'{{"args":[{i}],"kwargs":{{}}}}', 0, None, 3, 0, None, backoff)
             for i in range(200, 10_200)
         ],
-        q._now(),
+        None,
     )
     procs = start_workers(tmp_path, pg_url, 4)
     try:
@@ -164,7 +156,7 @@ def test_a_dropped_connection_is_made_again_and_the_queue_finishes(pg_url: str, 
 
 def test_time_comes_from_the_server(pg_url: str) -> None:
     q = nbqueue.Queue(pg_url)
-    assert q.storage.server_clock is True
+    assert q.manager.storage.server_clock is True
     job = q.enqueue({"n": 1})
     with psycopg.connect(pg_url.split("?", maxsplit=1)[0]) as conn:
         (server_now,) = conn.execute("SELECT now()").fetchone()  # type: ignore[misc]

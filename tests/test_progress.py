@@ -57,7 +57,7 @@ def _count_progress_writes(queue: Queue) -> Callable[[], list[float]]:
     """
     target = str(queue.target)
     if "://" not in target:
-        with sqlite3.connect(target) as conn:  # internal: replace when the refactor lands
+        with sqlite3.connect(target) as conn:
             conn.executescript(
                 "CREATE TABLE lr_progress_writes (done REAL);"
                 "CREATE TRIGGER lr_count_progress AFTER UPDATE OF progress_done ON nbqueue_jobs "
@@ -75,7 +75,7 @@ def _count_progress_writes(queue: Queue) -> Callable[[], list[float]]:
     parts = urlsplit(target)
     schema = parse_qs(parts.query)["schema"][0]
     server = urlunsplit(parts._replace(query=""))
-    with psycopg.connect(server, autocommit=True) as conn:  # internal: replace when the refactor lands
+    with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f'CREATE TABLE "{schema}".lr_progress_writes (n serial, done double precision)')
         conn.execute(
             f'CREATE FUNCTION "{schema}".lr_count_progress() RETURNS trigger LANGUAGE plpgsql AS '
@@ -110,7 +110,7 @@ def test_progress_in_a_tight_loop_is_throttled(queue: Queue) -> None:
     elapsed = job.result(timeout=5)
     done = [d for d in writes() if d is not None]  # None: the claim clearing an earlier attempt's
     # The first report is written, then at most one per THROTTLE seconds, and the last one always.
-    assert 2 <= len(done) <= 2 + elapsed / job_context.THROTTLE  # internal: replace when the refactor lands
+    assert 2 <= len(done) <= 2 + elapsed / job_context.THROTTLE
     assert done[0] == 1 and done[-1] == 10_000
     assert done == sorted(done)
     assert job.refresh().progress == Progress(10_000, 10_000, "tight loop")

@@ -57,7 +57,7 @@ def test_worker_prunes_old_completed_jobs_in_batches_and_keeps_dead_ones(
     clocked_queue: Queue, clock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # five old jobs take three batches
-    monkeypatch.setattr(worker_module, "PRUNE_BATCH", 2)  # internal: replace when the refactor lands
+    monkeypatch.setattr(worker_module, "PRUNE_BATCH", 2)
     q = clocked_queue
     _finish(q, "completed", 5)
     dead = _finish(q, "dead", 2)

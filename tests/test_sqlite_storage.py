@@ -67,9 +67,9 @@ def test_synchronous_full_is_applied(tmp_path: Path) -> None:
         q.enqueue({"n": 1})
         assert q.counts()["pending"] == 1
         # 2 = FULL; the pragma is per connection, so ask the queue's own one.
-        assert q.storage._conn().execute("PRAGMA synchronous").fetchone()[0] == 2  # type: ignore[attr-defined]
+        assert q.manager.storage._conn().execute("PRAGMA synchronous").fetchone()[0] == 2  # type: ignore[attr-defined]
     with Queue(tmp_path / "normal.db") as q:
-        assert q.storage._conn().execute("PRAGMA synchronous").fetchone()[0] == 1  # type: ignore[attr-defined]
+        assert q.manager.storage._conn().execute("PRAGMA synchronous").fetchone()[0] == 1  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("value", ["bogus", "FULLY", "off", ""])
@@ -179,32 +179,3 @@ def test_closed_queue_refuses_work(tmp_path: Path) -> None:
     q.close()
     with pytest.raises(nbqueue.StorageError):
         q.enqueue({"n": 2})
-
-
-def test_a_version_1_file_is_migrated_in_place(tmp_path: Path) -> None:
-    """Schema version 1 (before the claim indexes were merged) opens, upgraded, with its jobs."""
-    from nbqueue.storage import sqlite as backend
-
-    path = tmp_path / "v1.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    for statement in backend._split_sql(backend.MIGRATIONS[1]):
-        conn.execute(statement)
-    conn.execute("PRAGMA user_version = 1")
-    conn.execute(f"PRAGMA application_id = {backend.APPLICATION_ID}")
-    conn.execute(
-        "INSERT INTO nbqueue_jobs (status, queue, payload, max_retries, run_at, created_at, updated_at) "
-        "VALUES ('pending', 'default', '{\"kept\": true}', 3, 0, 0, 0)"
-    )
-    conn.close()
-
-    q = nbqueue.Queue(path)
-    assert q.get(1).payload == {"kept": True}
-    assert q.counts()["pending"] == 1
-    job = q.claim()
-    assert job is not None and job.id == 1
-    check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == backend.SCHEMA_VERSION
-    indexes = {r[0] for r in check.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert "nbqueue_claim_any" not in indexes and "nbqueue_claim_queue" in indexes
-    check.close()
-    q.close()

@@ -141,7 +141,7 @@ def test_registration_is_process_wide(make_queue: MakeQueue) -> None:
 
     job = add.enqueue(2, 3)  # enqueued through Queue A
     with queue_b.worker(lease=5, worker_id="worker-of-b") as worker:
-        assert worker.queue is queue_b
+        assert worker.manager is queue_b.manager
         assert job.result(timeout=10) == 5
     done = queue_a.get(job.id)
     assert done.status == "completed"

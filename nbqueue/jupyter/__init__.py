@@ -1,7 +1,7 @@
-"""The notebook front end: magics, views and DataFrames.
+"""The notebook front end: magics and views.
 
-The only package that imports IPython, ipywidgets and pandas, and only when
-used, so `import nbqueue` in a plain worker process stays light.
+The only package that imports IPython and ipywidgets, and only when used, so
+`import nbqueue` in a plain worker process stays light.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from .. import cells
 from .. import tasks as registry
 from ..errors import NbqueueError
 from ..jobs import UNFINISHED, Job, State
+from ..options import FLAGS, from_flags
 from ..queue import Queue
 from ..tasks import Task
 from ..worker import Worker
@@ -44,7 +45,7 @@ class Session:
         if self.queue is not None:
             self.queue.close()
         self.queue = opened
-        cells.register_cell_task(self.queue, self.shell.user_ns)
+        cells.register_cell_task(self.queue.manager, self.shell.user_ns)
         self.shell.user_ns["nbqueue_queue"] = self.queue
         return self.queue
 
@@ -69,7 +70,7 @@ class Session:
         enough for the new worker to take the old jobs back.
         """
         adopted = []
-        for name in self.current().storage.task_names(UNFINISHED):
+        for name in self.current().manager.task_names(UNFINISHED):
             fn = self.shell.user_ns.get(name)
             if name in registry.names() or isinstance(fn, Task) or not callable(fn):
                 continue
@@ -96,17 +97,9 @@ class Session:
 
 
 def _options(fn: Any) -> Any:
-    """The job options shared by %enqueue and %%enqueue."""
-    for arg in reversed(
-        [
-            argument("--queue", "-q", default=None, help="queue name"),
-            argument("--delay", "-d", type=float, default=None, help="seconds before it may run"),
-            argument("--priority", "-p", type=int, default=None, help="higher runs first"),
-            argument("--retries", "-r", type=int, default=None, help="max retries (default 3)"),
-            argument("--key", "-k", default=None, help="idempotency key"),
-        ]
-    ):
-        fn = arg(fn)
+    """The job options (`nbqueue.options.FLAGS`) as options of %enqueue and %%enqueue."""
+    for flag in reversed(FLAGS):
+        fn = argument(*flag.flags, dest=flag.option, type=flag.type, default=None, help=flag.help)(fn)
     return fn
 
 
@@ -221,7 +214,7 @@ class NbqueueMagics(Magics):
         except SyntaxError as exc:
             raise UsageError(f"%%enqueue: the cell does not parse: {exc}") from None
         queue = self.session.current()
-        task = cells.register_cell_task(queue, self.shell.user_ns)
+        task = cells.register_cell_task(queue.manager, self.shell.user_ns)
         return self._schedule(task, (cell, args.name), {}, args, "%%enqueue")
 
     @magic_arguments(name="worker")
@@ -334,15 +327,7 @@ class NbqueueMagics(Magics):
     ) -> Job:
         """Queue the call with the magic's options; a refusal is a UsageError, nothing queued."""
         try:
-            job = task.schedule(
-                call_args,
-                call_kwargs,
-                delay=args.delay,
-                priority=args.priority,
-                key=args.key,
-                queue=args.queue,
-                max_retries=args.retries,
-            )
+            job = task.schedule(call_args, call_kwargs, **from_flags(args))
         except NbqueueError as exc:
             raise UsageError(f"{what}: {exc}") from None
         return self._maybe_wait(job, args.wait)

@@ -1,28 +1,28 @@
 """The Storage protocol: the queue verbs every backend speaks, and `open_storage()`.
 
-Storage executes atomic state changes; it decides nothing. Whether a failure
-becomes a retry or a dead letter is decided in `nbqueue.queue`, so both
-backends behave the same. Times are integer microseconds since the epoch;
-delays are passed as durations so a backend may use its own server's clock.
+Storage runs atomic statements and reports rows; it decides nothing. Whether a
+failure is retried or dead, what a damaged row becomes and when a periodic slot
+is due are decided above it (`nbqueue.policy`, `nbqueue.manager`), so both
+backends behave the same. Rules that must run inside SQL (which states a claim
+takes, which hold a key) are written once, in `storage.rules`, and both
+backends build their fixed statements from them when their module loads.
+
+Times are integer microseconds since the epoch. `now` is such a time, or None
+for "use the server's own clock" (passed only to a backend whose
+`server_clock` is True). Rows are tuples of the job columns in
+`nbqueue.jobs.COLUMNS` order.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from ..clock import from_us
-from ..errors import InvalidArgument, StorageError
-from ..jobs import Job, State
+from ..errors import InvalidArgument
+from ..jobs import State
 
-#: The job columns every backend selects, in the order `row_to_job` reads them.
-COLUMNS = (
-    "id, status, queue, task, payload, priority, key, retries, max_retries, attempts, error, "
-    "run_at, created_at, updated_at, started_at, finished_at, lease_until, worker_id, timeout, "
-    "output, backoff, result, progress_done, progress_total, progress_message"
-)
+Row = tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,24 +63,21 @@ class ClaimRequest(NamedTuple):
 
 
 class Storage(Protocol):
-    """What a backend must do. Every method is atomic and safe from many threads.
+    """What a backend must do. Every method is atomic and safe from many threads."""
 
-    `now` is the time in microseconds, or None for "use the server's own clock"
-    (only passed to a backend whose `server_clock` is True).
-    """
-
+    #: True when the backend has a clock of its own (a database server's `now()`).
     server_clock: bool
 
     def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
-        """Write jobs in one transaction; (id, created) each. A held key returns its job."""
+        """Write jobs in one transaction; (id, created) each. A held key returns its job's id."""
         ...
 
-    def claim(self, where: Filter, worker_id: str, lease_us: int, now: int | None) -> Job | None:
+    def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
         """Atomically take the best due job: highest priority, then earliest run_at, then id."""
         ...
 
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
-        """Extend a live lease (None = by the claim's lease); the new end, or None if lost."""
+        """Extend a live lease (None = by the claim's lease); the new end, or None if it was lost."""
         ...
 
     def complete(
@@ -91,7 +88,7 @@ class Storage(Protocol):
         output: str | None,
         now: int | None,
         then_claim: ClaimRequest | None = None,
-    ) -> tuple[bool, Job | None]:
+    ) -> tuple[bool, Row | None]:
         """Running -> completed under a live lease (False if it was lost).
 
         With `then_claim`, the next job is claimed in the same transaction.
@@ -109,7 +106,7 @@ class Storage(Protocol):
         now: int | None,
         expired: bool = False,
     ) -> bool:
-        """Running -> failed (due after delay_us) or dead, under the lease.
+        """Running -> `status` (failed, due after delay_us; or dead) under the live lease.
 
         With `expired`, the lease must have run out instead (recovery).
         """
@@ -119,10 +116,20 @@ class Storage(Protocol):
         """Running -> pending without counting a retry (graceful shutdown)."""
         ...
 
-    def transition(
-        self, ids: Iterable[int] | None, sources: Sequence[State], target: State, now: int | None
-    ) -> list[int]:
-        """Move jobs (None = every job in `sources`) to target; cancel and requeue."""
+    def bury(self, job_id: int, error: str, now: int | None) -> bool:
+        """A running job whose row cannot be read -> dead, with `error` saying why."""
+        ...
+
+    def cancel(self, job_ids: Sequence[int], now: int | None) -> list[int]:
+        """Unfinished jobs among `job_ids` -> cancelled; the ids that moved."""
+        ...
+
+    def requeue(self, job_ids: Sequence[int] | None, now: int | None) -> list[int]:
+        """Dead or cancelled jobs (None: every dead job) -> pending, due now, retries 0.
+
+        A job whose key an unfinished job holds is left alone, and of several with one
+        key only the oldest comes back (`rules.KEY_IS_FREE`). The ids that moved.
+        """
         ...
 
     def progress(
@@ -131,43 +138,50 @@ class Storage(Protocol):
         """Record a running job's progress; False if the claim is gone (cancelled, timed out)."""
         ...
 
-    def periodic(self, name: str, slot_us: int, job: NewJob, now: int | None) -> bool:
-        """Move `name`'s last slot forward to `slot_us` and enqueue `job` with it, atomically.
-
-        False if a slot at or after `slot_us` was already taken (by any worker), or if
-        `name` was never seen: then the slot is only recorded.
-        """
+    def periodic_slot(self, name: str) -> int | None:
+        """The last slot recorded for the periodic schedule `name`, or None if never seen."""
         ...
 
-    def get(self, job_id: int) -> Job | None:
-        """One job, or None."""
+    def periodic_advance(
+        self, name: str, last: int | None, slot: int, job: NewJob | None, now: int | None
+    ) -> bool:
+        """Move `name`'s recorded slot from `last` (None: not recorded yet) to `slot`, and enqueue
+        `job` with it, atomically; False if another worker moved it first."""
         ...
 
-    def get_many(self, job_ids: Sequence[int]) -> list[Job]:
-        """The jobs among those ids that exist, in any order."""
+    def tidy(self) -> None:
+        """Housekeeping a worker runs now and then (PostgreSQL folds its count changes)."""
         ...
 
-    def expired(self, now: int | None, limit: int) -> list[Job]:
-        """Running jobs whose lease ended before now."""
+    def get(self, job_id: int) -> Row | None:
+        """One job's row, or None."""
         ...
 
-    def delete(self, ids: Iterable[int], statuses: Sequence[State]) -> int:
-        """Delete those jobs among ids that are in one of `statuses`."""
+    def get_many(self, job_ids: Sequence[int]) -> list[Row]:
+        """The rows of those ids that exist, in any order."""
+        ...
+
+    def expired(self, now: int | None, limit: int) -> list[Row]:
+        """Running jobs whose lease ended before now, oldest lease first."""
+        ...
+
+    def delete(self, job_ids: Sequence[int]) -> int:
+        """Delete the finished jobs among `job_ids`; how many."""
         ...
 
     def purge(
         self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
     ) -> int:
-        """Delete jobs in `statuses` not updated for `older_than_us` (0: all; at most `limit`)."""
+        """Delete finished jobs in `statuses` not updated for `older_than_us` (0: all; at most `limit`)."""
         ...
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
-        """Jobs per state (without scanning the table)."""
+        """Jobs per state, read from counts kept as jobs change (never a scan of the jobs)."""
         ...
 
     def rows(
-        self, status: Sequence[State] | None, queue: str | None, limit: int, offset: int = 0
-    ) -> list[Job]:
+        self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int = 0
+    ) -> list[Row]:
         """A page of jobs, newest first."""
         ...
 
@@ -176,7 +190,7 @@ class Storage(Protocol):
         ...
 
     def next_due(self, where: Filter) -> int | None:
-        """The earliest run_at of a claimable job (for the worker's sleep)."""
+        """The earliest run_at of a claimable job the filter allows (for the worker's sleep)."""
         ...
 
     def task_names(self, statuses: Sequence[State]) -> list[str]:
@@ -198,42 +212,6 @@ class Storage(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
-
-
-def row_to_job(row: Sequence[Any]) -> Job:
-    """A row selected as COLUMNS, as a Job; a row whose JSON is damaged raises StorageError."""
-    try:
-        payload = json.loads(row[4])
-        backoff = json.loads(row[20]) if row[20] else None
-    except (TypeError, ValueError) as exc:  # never pickle, never eval: damaged text is an error
-        raise StorageError(f"job {row[0]}: its stored payload is not valid JSON ({exc})") from None
-    return Job(
-        id=row[0],
-        status=State(row[1]),
-        queue=row[2],
-        task=row[3],
-        payload=payload,
-        priority=row[5],
-        key=row[6],
-        retries=row[7],
-        max_retries=row[8],
-        attempts=row[9],
-        error=row[10],
-        run_at=from_us(row[11]),  # type: ignore[arg-type]
-        created_at=from_us(row[12]),  # type: ignore[arg-type]
-        updated_at=from_us(row[13]),  # type: ignore[arg-type]
-        started_at=from_us(row[14]),
-        finished_at=from_us(row[15]),
-        lease_until=from_us(row[16]),
-        worker_id=row[17],
-        timeout=row[18],
-        output=row[19],
-        backoff=backoff,
-        result_json=row[21],
-        progress_done=row[22],
-        progress_total=row[23],
-        progress_message=row[24],
-    )
 
 
 def open_storage(target: str, *, synchronous: str = "normal") -> Storage:

@@ -1,15 +1,21 @@
-"""SQLite storage: one file in WAL mode, one connection per thread, BEGIN IMMEDIATE writes."""
+"""SQLite storage: one file in WAL mode, one connection per thread, BEGIN IMMEDIATE writes.
+
+The statements are in `sqlite_queries`; this module runs them: connections,
+transactions, waiting out lock contention, migrations, and turning sqlite3's
+errors into nbqueue's.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
+import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,86 +30,12 @@ from ..errors import (
     SchemaTooNew,
     StorageError,
 )
-from ..jobs import Job, State
-from . import COLUMNS, ClaimRequest, Filter, NewJob, row_to_job
+from ..jobs import State
+from . import ClaimRequest, Filter, NewJob, Row
+from . import sqlite_queries as sql
 
-APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
-SCHEMA_VERSION = 3
-NEXT_DUE_SCAN = 10_000
 BUSY_TIMEOUT_MS = 10_000
 LOCKED_RETRY_SECONDS = 120.0  # beyond busy_timeout: contention is waited out, never surfaced
-
-_STATES = tuple(s.value for s in State)
-_CLAIMABLE_SQL = "status IN ('pending', 'failed')"  # must match the partial indexes verbatim
-
-MIGRATIONS: dict[int, str] = {
-    1: f"""
-    CREATE TABLE nbqueue_jobs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        status TEXT NOT NULL CHECK (status IN {_STATES!r}),
-        queue TEXT NOT NULL,
-        task TEXT,
-        payload TEXT NOT NULL,
-        priority INTEGER NOT NULL DEFAULT 0,
-        key TEXT,
-        retries INTEGER NOT NULL DEFAULT 0,
-        max_retries INTEGER NOT NULL,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        error TEXT,
-        run_at INTEGER NOT NULL,
-        created_at INTEGER NOT NULL,
-        updated_at INTEGER NOT NULL,
-        started_at INTEGER,
-        finished_at INTEGER,
-        lease_until INTEGER,
-        lease_us INTEGER,
-        worker_id TEXT,
-        timeout REAL,
-        output TEXT,
-        backoff TEXT,
-        result TEXT
-    );
-    CREATE INDEX nbqueue_claim_queue ON nbqueue_jobs (queue, priority DESC, run_at, id)
-        WHERE {_CLAIMABLE_SQL};
-    CREATE INDEX nbqueue_claim_any ON nbqueue_jobs (priority DESC, run_at, id)
-        WHERE {_CLAIMABLE_SQL};
-    CREATE INDEX nbqueue_due ON nbqueue_jobs (run_at) WHERE {_CLAIMABLE_SQL};
-    CREATE UNIQUE INDEX nbqueue_key ON nbqueue_jobs (key)
-        WHERE key IS NOT NULL AND status IN ('pending', 'failed', 'running');
-    CREATE INDEX nbqueue_lease ON nbqueue_jobs (lease_until) WHERE status = 'running';
-    CREATE INDEX nbqueue_status ON nbqueue_jobs (status, id);
-    -- Counts per (queue, status), kept by triggers so the board never scans the table.
-    CREATE TABLE nbqueue_counts (
-        queue TEXT NOT NULL, status TEXT NOT NULL, n INTEGER NOT NULL,
-        PRIMARY KEY (queue, status)
-    ) WITHOUT ROWID;
-    CREATE TRIGGER nbqueue_count_insert AFTER INSERT ON nbqueue_jobs BEGIN
-        INSERT INTO nbqueue_counts VALUES (new.queue, new.status, 1)
-            ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
-    END;
-    CREATE TRIGGER nbqueue_count_delete AFTER DELETE ON nbqueue_jobs BEGIN
-        UPDATE nbqueue_counts SET n = n - 1 WHERE queue = old.queue AND status = old.status;
-    END;
-    CREATE TRIGGER nbqueue_count_update AFTER UPDATE OF status ON nbqueue_jobs
-        WHEN old.status != new.status BEGIN
-        UPDATE nbqueue_counts SET n = n - 1 WHERE queue = old.queue AND status = old.status;
-        INSERT INTO nbqueue_counts VALUES (new.queue, new.status, 1)
-            ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
-    END;
-    """,
-    # Fewer indexes, faster writes: every claim now seeks the per-queue index.
-    2: """
-    DROP INDEX nbqueue_claim_any;
-    DROP INDEX nbqueue_due;
-    """,
-    # Progress reported from inside a job; periodic tasks' last enqueued slot.
-    3: """
-    ALTER TABLE nbqueue_jobs ADD COLUMN progress_done REAL;
-    ALTER TABLE nbqueue_jobs ADD COLUMN progress_total REAL;
-    ALTER TABLE nbqueue_jobs ADD COLUMN progress_message TEXT;
-    CREATE TABLE nbqueue_periodic (name TEXT PRIMARY KEY, last_slot INTEGER NOT NULL) WITHOUT ROWID;
-    """,
-}
 
 T = TypeVar("T")
 
@@ -146,6 +78,16 @@ def _is_locked(exc: sqlite3.Error) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
 
 
+def _stamp(now: int | None) -> int:
+    """SQLite has no server clock: None means this machine's clock."""
+    return to_us(time.time()) if now is None else now
+
+
+def _ids(values: Sequence[int] | Sequence[str] | None) -> str | None:
+    """A list as the JSON array the statements read with json_each."""
+    return None if values is None else json.dumps(list(values))
+
+
 class SQLiteStorage:
     """Jobs in one SQLite file; safe from many threads and processes."""
 
@@ -183,12 +125,17 @@ class SQLiteStorage:
             raise InvalidArgument(f"cannot create the queue {self.path}: no folder {parent}")
         # Build the new database privately, then link it into place: the link is atomic, so
         # processes opening a brand-new queue at once see no file or a finished one, never
-        # a half-made file whose journal mode is changing under them.
-        draft = f"{self.path}.{os.getpid()}.{threading.get_ident()}.new"
-        try:  # owner-only: payloads may hold private data
-            os.close(os.open(draft, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        # a half-made file whose journal mode is changing under them. The draft's name is
+        # unpredictable (and created owner-only), so nobody can plant a file there first.
+        try:
+            handle, draft = tempfile.mkstemp(
+                prefix=f".{os.path.basename(self.path)}.", suffix=".new", dir=parent
+            )
         except PermissionError as exc:
             raise ReadOnlyDatabase(f"cannot create the queue database {self.path}: {exc}") from exc
+        except OSError as exc:
+            raise StorageError(f"cannot create the queue database {self.path}: {exc}") from exc
+        os.close(handle)
         try:
             conn = sqlite3.connect(draft, isolation_level=None)
             try:
@@ -262,8 +209,16 @@ class SQLiteStorage:
 
         return self._retrying(run)
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        return self._retrying(lambda conn: conn.execute(sql, params).fetchall())
+    def _change(self, statement: str, params: dict[str, Any]) -> int:
+        """One write statement; the number of rows it changed."""
+        return self._write(lambda conn: conn.execute(statement, params).rowcount)
+
+    def _changed_ids(self, statement: str, params: dict[str, Any]) -> list[int]:
+        """One write statement that returns ids; the ids, sorted."""
+        return sorted(r[0] for r in self._write(lambda conn: conn.execute(statement, params).fetchall()))
+
+    def _read(self, statement: str, params: dict[str, Any] | None = None) -> list[Any]:
+        return self._retrying(lambda conn: conn.execute(statement, params or {}).fetchall())
 
     # -- schema ----------------------------------------------------------------
 
@@ -275,85 +230,67 @@ class SQLiteStorage:
             finally:
                 conn.execute("COMMIT")
 
-        # Many processes may open a brand-new file at once: every step waits out the others.
+        # Identity first, and only then anything that writes: a file that is not ours is
+        # refused exactly as it was (no WAL switch, no -wal or -shm files left beside it).
+        version = self._retrying(check)
         self._retrying(lambda conn: conn.execute("PRAGMA journal_mode = WAL").fetchone())
-        if self._retrying(check) < SCHEMA_VERSION:
+        if version < sql.SCHEMA_VERSION:
             self._write(self._apply_migrations)
 
     def _version(self, conn: sqlite3.Connection) -> int:
         """The file's schema version (0: empty); raises if it is not ours or too new."""
-        app_id, version, tables = conn.execute(
-            "SELECT (SELECT application_id FROM pragma_application_id), "
-            "(SELECT user_version FROM pragma_user_version), "
-            "(SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%')"
-        ).fetchone()
+        app_id, version, tables = conn.execute(sql.IDENTITY).fetchone()
         if app_id == 0 and version == 0:
             if tables:
                 raise NotAQueueDatabase(
                     f"{self.path} is a SQLite database of something else, not an nbqueue queue"
                 )
             return 0
-        if app_id != APPLICATION_ID:
+        if app_id != sql.APPLICATION_ID:
             raise NotAQueueDatabase(f"{self.path} is not an nbqueue database")
-        if version > SCHEMA_VERSION:
+        if version > sql.SCHEMA_VERSION:
             raise SchemaTooNew(
                 f"{self.path} has schema version {version}, newer than this nbqueue "
-                f"understands ({SCHEMA_VERSION}); upgrade nbqueue (pip install -U nbqueue)"
+                f"understands ({sql.SCHEMA_VERSION}); upgrade nbqueue (pip install -U nbqueue)"
             )
         return int(version)
 
     def _apply_migrations(self, conn: sqlite3.Connection) -> None:
         version = self._version(conn)  # re-read under the write lock
-        for target in sorted(v for v in MIGRATIONS if v > version):
-            for statement in _split_sql(MIGRATIONS[target]):
+        for target in sorted(v for v in sql.MIGRATIONS if v > version):
+            for statement in _split_sql(sql.MIGRATIONS[target]):
                 conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {target}")
-        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {int(target)}")
+        conn.execute(f"PRAGMA application_id = {sql.APPLICATION_ID}")
 
-    # -- verbs -----------------------------------------------------------------
+    # -- writing ---------------------------------------------------------------
 
     def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
         now = _stamp(now)
         rows = [_insert_row(j, now) for j in jobs]
-        insert_sql = _INSERT_SQL
 
         def work(conn: sqlite3.Connection) -> list[tuple[int, bool]]:
             if len(rows) > 1 and all(j.key is None for j in jobs):
-                conn.executemany(insert_sql, rows)
+                conn.executemany(sql.INSERT, rows)
                 last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
                 return [(i, True) for i in range(last - len(rows) + 1, last + 1)]
             out = []
             for job, row in zip(jobs, rows, strict=True):
-                if job.key is not None:
-                    held = conn.execute(
-                        "SELECT id FROM nbqueue_jobs WHERE key = ? AND status IN "
-                        "('pending', 'failed', 'running')",
-                        (job.key,),
-                    ).fetchone()
-                    if held:
-                        out.append((held[0], False))
-                        continue
-                out.append((conn.execute(insert_sql, row).lastrowid or 0, True))
+                held = None if job.key is None else conn.execute(sql.HELD_KEY, {"key": job.key}).fetchone()
+                out.append((held[0], False) if held else (conn.execute(sql.INSERT, row).lastrowid or 0, True))
             return out
 
         ids = self._write(work)
         self.notify()
         return ids
 
-    def claim(self, where: Filter, worker_id: str, lease_us: int, now: int | None) -> Job | None:
+    def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
         now = _stamp(now)
-        return self._write(lambda conn: _claim(conn, ClaimRequest(where, worker_id, lease_us), now))
+        return self._write(lambda conn: _claim(conn, request, now))
 
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
-        now = _stamp(now)
-        row = self._write(
-            lambda conn: conn.execute(
-                "UPDATE nbqueue_jobs SET lease_until = ? + coalesce(?, lease_us), updated_at = ? "
-                "WHERE id = ? AND status = 'running' AND attempts = ? AND lease_until > ? "
-                "RETURNING lease_until",
-                (now, lease_us, now, job_id, attempt, now),
-            ).fetchone()
-        )
+        params = {"id": job_id, "attempt": attempt, "lease": lease_us, "now": _stamp(now)}
+        row = self._write(lambda conn: conn.execute(sql.HEARTBEAT, params).fetchone())
         return None if row is None else int(row[0])
 
     def complete(
@@ -364,23 +301,15 @@ class SQLiteStorage:
         output: str | None,
         now: int | None,
         then_claim: ClaimRequest | None = None,
-    ) -> tuple[bool, Job | None]:
+    ) -> tuple[bool, Row | None]:
         now = _stamp(now)
+        params = {"id": job_id, "attempt": attempt, "result": result, "output": output, "now": now}
 
-        def work(conn: sqlite3.Connection) -> tuple[bool, Job | None]:
-            done = (
-                conn.execute(
-                    "UPDATE nbqueue_jobs SET status = 'completed', result = ?, output = ?, "
-                    "finished_at = ?, updated_at = ?, lease_until = NULL WHERE id = ? "
-                    "AND status = 'running' AND attempts = ? AND lease_until > ?",
-                    (result, output, now, now, job_id, attempt, now),
-                ).rowcount
-                == 1
-            )
-            if not done or then_claim is None:
-                return done, None
+        def work(conn: sqlite3.Connection) -> tuple[bool, Row | None]:
+            if conn.execute(sql.COMPLETE, params).rowcount != 1:
+                return False, None
             # The next claim rides in the same commit: half the fsyncs per job.
-            return True, _claim(conn, then_claim, now)
+            return True, None if then_claim is None else _claim(conn, then_claim, now)
 
         return self._write(work)
 
@@ -395,232 +324,129 @@ class SQLiteStorage:
         now: int | None,
         expired: bool = False,
     ) -> bool:
-        now = _stamp(now)
-        lease_test = "lease_until <= ?" if expired else "lease_until > ?"
-        finished = now if status is State.DEAD else None
-        changed = self._write(
-            lambda conn: (
-                conn.execute(
-                    "UPDATE nbqueue_jobs SET status = ?, error = ?, output = ?, "
-                    "retries = retries + (? = 'failed'), "  # a dead job used its retries; none is added
-                    "run_at = CASE WHEN ? = 'failed' THEN ? ELSE run_at END, finished_at = ?, "
-                    "updated_at = ?, lease_until = NULL WHERE id = ? AND status = 'running' "
-                    f"AND attempts = ? AND {lease_test}",
-                    (
-                        status.value,
-                        error,
-                        output,
-                        status.value,
-                        status.value,
-                        now + delay_us,
-                        finished,
-                        now,
-                        job_id,
-                        attempt,
-                        now,
-                    ),
-                ).rowcount
-                == 1
-            )
-        )
+        params = {
+            "id": job_id,
+            "attempt": attempt,
+            "status": status.value,
+            "error": error,
+            "output": output,
+            "delay": delay_us,
+            "now": _stamp(now),
+        }
+        changed = self._change(sql.FAIL_EXPIRED if expired else sql.FAIL, params) == 1
         if changed and status is State.FAILED:
             self.notify()
         return changed
 
     def release(self, job_id: int, attempt: int, now: int | None) -> bool:
-        now = _stamp(now)
-        changed = self._write(
-            lambda conn: (
-                conn.execute(
-                    "UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, "
-                    "updated_at = ? WHERE id = ? AND status = 'running' AND attempts = ?",
-                    (now, job_id, attempt),
-                ).rowcount
-                == 1
-            )
-        )
+        changed = self._change(sql.RELEASE, {"id": job_id, "attempt": attempt, "now": _stamp(now)}) == 1
         if changed:
             self.notify()
         return changed
 
-    def transition(
-        self, ids: Iterable[int] | None, sources: Sequence[State], target: State, now: int | None
-    ) -> list[int]:
-        now = _stamp(now)
-        src_sql, src_params = _in("status", tuple(s.value for s in sources))
-        if target is State.PENDING:  # requeue: a fresh start, the last error kept
-            sets = "retries = 0, run_at = ?, lease_until = NULL, worker_id = NULL, finished_at = NULL"
-            set_params: list[Any] = [now]
-        else:
-            sets = "lease_until = NULL, finished_at = ?"
-            set_params = [now]
-        sql = f"UPDATE nbqueue_jobs SET status = ?, updated_at = ?, {sets} WHERE 1{src_sql}"
-        if target is State.PENDING:
-            sql += _KEY_IS_FREE.format(t="nbqueue_jobs", src=src_sql.replace("status", "d.status"))
-            src_params = src_params * 2
-        if ids is None:
-            changed = self._write(
-                lambda conn: [
-                    r[0]
-                    for r in conn.execute(
-                        sql + " RETURNING id", (target.value, now, *set_params, *src_params)
-                    )
-                ]
-            )
-        else:
-            id_list = list(ids)
+    def bury(self, job_id: int, error: str, now: int | None) -> bool:
+        return self._change(sql.BURY, {"id": job_id, "error": error, "now": _stamp(now)}) == 1
 
-            def work(conn: sqlite3.Connection) -> list[int]:
-                done = []
-                for job_id in id_list:
-                    row = conn.execute(
-                        sql + " AND id = ? RETURNING id",
-                        (target.value, now, *set_params, *src_params, job_id),
-                    ).fetchone()
-                    if row:
-                        done.append(row[0])
-                return done
+    def cancel(self, job_ids: Sequence[int], now: int | None) -> list[int]:
+        return self._changed_ids(sql.CANCEL, {"ids": _ids(job_ids), "now": _stamp(now)})
 
-            changed = self._write(work)
-        if changed and target is State.PENDING:
+    def requeue(self, job_ids: Sequence[int] | None, now: int | None) -> list[int]:
+        if job_ids is None:
+            moved = self._changed_ids(sql.REQUEUE_DEAD, {"now": _stamp(now)})
+        else:
+            moved = self._changed_ids(sql.REQUEUE_IDS, {"ids": _ids(job_ids), "now": _stamp(now)})
+        if moved:
             self.notify()
-        return sorted(changed)
+        return moved
 
     def progress(
         self, job_id: int, attempt: int, done: float, total: float | None, message: str, now: int | None
     ) -> bool:
-        now = _stamp(now)
-        return self._write(
-            lambda conn: (
-                conn.execute(
-                    "UPDATE nbqueue_jobs SET progress_done = ?, progress_total = ?, progress_message = ?, "
-                    "updated_at = ? WHERE id = ? AND status = 'running' AND attempts = ?",
-                    (done, total, message, now, job_id, attempt),
-                ).rowcount
-                == 1
-            )
-        )
+        params = {"id": job_id, "attempt": attempt, "done": done, "total": total, "message": message}
+        return self._change(sql.PROGRESS, {**params, "now": _stamp(now)}) == 1
 
-    def periodic(self, name: str, slot_us: int, job: NewJob, now: int | None) -> bool:
+    def periodic_slot(self, name: str) -> int | None:
+        rows = self._read(sql.PERIODIC_SLOT, {"name": name})
+        return int(rows[0][0]) if rows else None
+
+    def periodic_advance(
+        self, name: str, last: int | None, slot: int, job: NewJob | None, now: int | None
+    ) -> bool:
         now = _stamp(now)
 
         def work(conn: sqlite3.Connection) -> bool:
-            row = conn.execute("SELECT last_slot FROM nbqueue_periodic WHERE name = ?", (name,)).fetchone()
-            if row is None:  # first sighting: record the slot; the first job is the next slot's
-                conn.execute("INSERT INTO nbqueue_periodic VALUES (?, ?)", (name, slot_us))
-                return False
-            if row[0] >= slot_us:
-                return False
-            conn.execute("UPDATE nbqueue_periodic SET last_slot = ? WHERE name = ?", (slot_us, name))
-            conn.execute(_INSERT_SQL, _insert_row(job, now))
-            return True
+            if last is None:
+                moved = conn.execute(sql.PERIODIC_START, {"name": name, "slot": slot}).rowcount
+            else:
+                moved = conn.execute(sql.PERIODIC_MOVE, {"name": name, "slot": slot, "last": last}).rowcount
+            if moved == 1 and job is not None:
+                conn.execute(sql.INSERT, _insert_row(job, now))
+            return moved == 1
 
         taken = self._write(work)
-        if taken:
+        if taken and job is not None:
             self.notify()
         return taken
 
-    def get(self, job_id: int) -> Job | None:
-        rows = self._read(f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE id = ?", (job_id,))
-        return row_to_job(rows[0]) if rows else None
-
-    def get_many(self, job_ids: Sequence[int]) -> list[Job]:
-        out: list[Job] = []
-        for start in range(0, len(job_ids), 500):
-            chunk = job_ids[start : start + 500]
-            sql = f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE id IN ({', '.join('?' * len(chunk))})"
-            out.extend(row_to_job(r) for r in self._read(sql, chunk))
-        return out
-
-    def expired(self, now: int | None, limit: int) -> list[Job]:
-        now = _stamp(now)
-        rows = self._read(
-            f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE status = 'running' AND lease_until <= ? "
-            "ORDER BY lease_until LIMIT ?",
-            (now, limit),
-        )
-        return [row_to_job(r) for r in rows]
-
-    def delete(self, ids: Iterable[int], statuses: Sequence[State]) -> int:
-        src_sql, src_params = _in("status", tuple(s.value for s in statuses))
-        id_list = list(ids)
-        return self._write(
-            lambda conn: sum(
-                conn.execute(f"DELETE FROM nbqueue_jobs WHERE id = ?{src_sql}", (i, *src_params)).rowcount
-                for i in id_list
-            )
-        )
+    def delete(self, job_ids: Sequence[int]) -> int:
+        return self._change(sql.DELETE, {"ids": _ids(job_ids)})
 
     def purge(
         self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
     ) -> int:
-        now = _stamp(now)
-        before = now - older_than_us + (0 if older_than_us else 1)  # age 0: everything so far
-        src_sql, src_params = _in("status", tuple(s.value for s in statuses))
-        where = f"updated_at < ?{src_sql}"
-        if limit is not None:  # small batches keep the write lock short
-            where = f"id IN (SELECT id FROM nbqueue_jobs WHERE {where} ORDER BY id LIMIT {int(limit)})"
-        return self._write(
-            lambda conn: (
-                conn.execute(f"DELETE FROM nbqueue_jobs WHERE {where}", (before, *src_params)).rowcount
-            )
-        )
+        before = _stamp(now) - older_than_us + (0 if older_than_us else 1)  # age 0: everything so far
+        params = {"before": before, "statuses": _ids([s.value for s in statuses]), "limit": limit or -1}
+        return self._change(sql.PURGE, params)
+
+    def tidy(self) -> None:
+        """Nothing to do: the counts table is kept exact by triggers."""
+
+    # -- reading ---------------------------------------------------------------
+
+    def get(self, job_id: int) -> Row | None:
+        rows = self._read(sql.GET, {"id": job_id})
+        return rows[0] if rows else None
+
+    def get_many(self, job_ids: Sequence[int]) -> list[Row]:
+        return self._read(sql.GET_MANY, {"ids": _ids(job_ids)}) if job_ids else []
+
+    def expired(self, now: int | None, limit: int) -> list[Row]:
+        return self._read(sql.EXPIRED, {"now": _stamp(now), "limit": limit})
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
-        if queue is None:
-            rows = self._read("SELECT status, sum(n) FROM nbqueue_counts GROUP BY status")
-        else:
-            rows = self._read("SELECT status, n FROM nbqueue_counts WHERE queue = ?", (queue,))
+        rows = self._read(sql.COUNTS_IN_QUEUE, {"queue": queue}) if queue else self._read(sql.COUNTS)
         found = {status: int(n) for status, n in rows}
         return {s.value: found.get(s.value, 0) for s in State}
 
     def rows(
-        self, status: Sequence[State] | None, queue: str | None, limit: int, offset: int = 0
-    ) -> list[Job]:
-        where, params = "", list[Any]()
-        if status is not None:
-            sql, params = _in("status", tuple(s.value for s in status))
-            where += sql
-        if queue is not None:
-            where += " AND queue = ?"
-            params.append(queue)
-        rows = self._read(
-            f"SELECT {COLUMNS} FROM nbqueue_jobs WHERE 1{where} ORDER BY id DESC LIMIT ? OFFSET ?",
-            (*params, limit, offset),
-        )
-        return [row_to_job(r) for r in rows]
+        self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int = 0
+    ) -> list[Row]:
+        statement = sql.ROWS[statuses is not None, queue is not None]
+        params = {
+            "statuses": None if statuses is None else _ids([s.value for s in statuses]),
+            "queue": queue,
+            "limit": limit,
+            "offset": offset,
+        }
+        return self._read(statement, params)
 
     def queues(self) -> list[str]:
-        return [
-            r[0] for r in self._read("SELECT DISTINCT queue FROM nbqueue_counts WHERE n > 0 ORDER BY queue")
-        ]
+        return [r[0] for r in self._read(sql.QUEUES)]
 
     def next_due(self, where: Filter) -> int | None:
         if where.matches_nothing:
             return None
-        task_sql, task_params = _in("task", where.tasks)
-        # The earliest run_at among the first rows of each queue's claim index: exact unless a
-        # queue holds over NEXT_DUE_SCAN waiting jobs, and the worker re-checks every moment anyway.
-        sql = (
-            f"SELECT min(run_at) FROM (SELECT run_at FROM nbqueue_jobs INDEXED BY nbqueue_claim_queue "
-            f"WHERE {_CLAIMABLE_SQL} AND queue = ?{task_sql} LIMIT {NEXT_DUE_SCAN})"
-        )
-
-        def work(conn: sqlite3.Connection) -> int | None:
-            queues = where.queues if where.queues is not None else _waiting_queues(conn)
-            found = [conn.execute(sql, (q, *task_params)).fetchone()[0] for q in queues]
-            due = [int(f) for f in found if f is not None]
-            return min(due) if due else None
-
-        return self._retrying(work)
+        statement = sql.NEXT_DUE_IN_ANY_QUEUE if where.queues is None else sql.NEXT_DUE_IN_QUEUES
+        rows = self._read(statement, {"queues": _ids(where.queues), "tasks": _ids(where.tasks)})
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
 
     def task_names(self, statuses: Sequence[State]) -> list[str]:
-        src_sql, params = _in("status", tuple(s.value for s in statuses))
-        rows = self._read(f"SELECT DISTINCT task FROM nbqueue_jobs WHERE task IS NOT NULL{src_sql}", params)
-        return sorted(r[0] for r in rows)
+        return [r[0] for r in self._read(sql.TASK_NAMES, {"statuses": _ids([s.value for s in statuses])})]
 
     def now(self) -> int | None:
         return None
+
+    # -- waiting ---------------------------------------------------------------
 
     def data_version(self) -> int:
         """Changes whenever another connection commits to the file."""
@@ -651,76 +477,21 @@ class SQLiteStorage:
         self._local = threading.local()
 
 
-@lru_cache(maxsize=256)
-def _claim_sql(n_queues: int, n_tasks: int | None) -> str:
-    task_sql = "" if n_tasks is None else f" AND task IN ({', '.join('?' * n_tasks)})"
-    # One index seek per queue, then the best of those few candidates.
-    branch = (
-        f"SELECT * FROM (SELECT id, priority, run_at FROM nbqueue_jobs "
-        f"INDEXED BY nbqueue_claim_queue WHERE {_CLAIMABLE_SQL} AND queue = ? "
-        f"AND run_at <= ?{task_sql} ORDER BY priority DESC, run_at, id LIMIT 1)"
-    )
-    pick = (
-        "SELECT id FROM ("
-        + " UNION ALL ".join([branch] * n_queues)
-        + ") ORDER BY priority DESC, run_at, id LIMIT 1"
-    )
-    return (
-        "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = ?, "
-        "lease_until = ?, lease_us = ?, started_at = ?, updated_at = ?, progress_done = NULL, "
-        f"progress_total = NULL, progress_message = NULL WHERE id = ({pick}) RETURNING {COLUMNS}"
-    )
-
-
-def _waiting_queues(conn: sqlite3.Connection) -> tuple[str, ...]:
-    """The queues that hold claimable jobs, from the counts table (a handful of rows)."""
-    rows = conn.execute(
-        "SELECT queue FROM nbqueue_counts WHERE status IN ('pending', 'failed') AND n > 0"
-    ).fetchall()
-    return tuple(dict.fromkeys(r[0] for r in rows))
-
-
-def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Job | None:
-    """The single UPDATE ... WHERE id = (SELECT ... LIMIT 1) RETURNING that claims a job.
-
-    Run inside the caller's BEGIN IMMEDIATE. "Every queue" means every queue that has
-    claimable jobs now, so one index, (queue, priority, run_at, id), serves every claim.
-    """
+def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Row | None:
+    """Claim inside the caller's BEGIN IMMEDIATE: one UPDATE ... WHERE id = (best) RETURNING."""
     where, worker_id, lease_us = request
     if where.matches_nothing:
         return None
-    queues = where.queues if where.queues is not None else _waiting_queues(conn)
-    if not queues:
-        return None
-    tasks = list(where.tasks) if where.tasks is not None else []
-    sql = _claim_sql(len(queues), None if where.tasks is None else len(tasks))
-    picks = [p for q in queues for p in (q, now, *tasks)]
-    row = conn.execute(sql, [worker_id, now + lease_us, lease_us, now, now, *picks]).fetchone()
-    if row is None:
-        return None
-    try:
-        return row_to_job(row)
-    except StorageError as exc:  # a damaged row must not block the queue: it goes to the dead letters
-        conn.execute(
-            "UPDATE nbqueue_jobs SET status = 'dead', error = ?, lease_until = NULL, finished_at = ?, "
-            "updated_at = ? WHERE id = ?",
-            (str(exc), now, now, row[0]),
-        )
-        return None
-
-
-# A requeued job must not take a key an unfinished job holds, nor two requeued jobs one key:
-# of several with the same key, only the oldest comes back.
-_KEY_IS_FREE = (
-    " AND (key IS NULL OR (NOT EXISTS (SELECT 1 FROM {t} u WHERE u.key = {t}.key AND "
-    "u.status IN ('pending', 'failed', 'running')) AND id = (SELECT min(d.id) FROM {t} d "
-    "WHERE d.key = {t}.key{src})))"
-)
-
-_INSERT_SQL = (
-    "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, "
-    "run_at, created_at, updated_at, timeout, backoff) VALUES ('pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
+    statement = sql.CLAIM_FROM_ANY_QUEUE if where.queues is None else sql.CLAIM_FROM_QUEUES
+    params = {
+        "queues": _ids(where.queues),
+        "tasks": _ids(where.tasks),
+        "worker": worker_id,
+        "lease": lease_us,
+        "now": now,
+    }
+    row: Row | None = conn.execute(statement, params).fetchone()
+    return row
 
 
 def _insert_row(j: NewJob, now: int) -> tuple[Any, ...]:
@@ -738,20 +509,6 @@ def _insert_row(j: NewJob, now: int) -> tuple[Any, ...]:
         j.timeout,
         j.backoff,
     )
-
-
-def _stamp(now: int | None) -> int:
-    """SQLite has no server clock: None means this machine's clock."""
-    return to_us(time.time()) if now is None else now
-
-
-def _in(column: str, values: Sequence[str] | None) -> tuple[str, list[Any]]:
-    """` AND column IN (?, ...)` for a filter; nothing for None."""
-    if values is None:
-        return "", []
-    if not values:
-        return " AND 0", []
-    return f" AND {column} IN ({', '.join('?' * len(values))})", list(values)
 
 
 def _split_sql(script: str) -> list[str]:

@@ -49,7 +49,7 @@ def make(
         q.fail(claim, _raised(error), output=output)
     elif state is State.DEAD:
         q.fail(claim, _raised(error), output=output, retry=False)
-    q.storage.notify()
+    q.manager.notify()
     return q.get(job.id)
 
 

@@ -187,7 +187,7 @@ def test_worker_backs_off_while_the_database_cannot_be_written(tmp_path: Path, r
 
 def limit_pages(q: Queue, spare: int) -> None:
     """Let this thread's connection grow the file by only `spare` more pages (a full disk)."""
-    conn = q.storage._conn()  # type: ignore[attr-defined]
+    conn = q.manager.storage._conn()  # type: ignore[attr-defined]
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
     assert conn.execute(f"PRAGMA max_page_count = {pages + spare}").fetchone()[0] == pages + spare
 
@@ -217,7 +217,7 @@ def test_disk_full_refuses_cleanly_and_keeps_every_earlier_job(tmp_path: Path) -
         assert rows_by_status(path) == counts
 
         # Space again: the queue goes on, ids continue, nothing was lost.
-        q.storage._conn().execute("PRAGMA max_page_count = 1073741823")  # type: ignore[attr-defined]
+        q.manager.storage._conn().execute("PRAGMA max_page_count = 1073741823")  # type: ignore[attr-defined]
         more = q.enqueue_many([{"batch": n} for n in range(50)])
         assert min(more) > max(written)
         assert q.counts()["pending"] == len(written) + 51

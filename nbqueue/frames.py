@@ -1,0 +1,86 @@
+"""Jobs as pandas DataFrames with real dtypes (UTC datetimes, categories, integers).
+
+Built from the stored rows, not from Jobs: a row that cannot be decoded still
+shows (its payload as the text stored), and no JSON is parsed for a table.
+pandas is imported only when a frame is asked for, so a plain worker stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .clock import from_us
+from .errors import MissingDependency
+from .jobs import COLUMNS as STORED
+from .jobs import State
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+COLUMNS = (
+    "id",
+    "task",
+    "queue",
+    "status",
+    "priority",
+    "attempts",
+    "retries",
+    "max_retries",
+    "key",
+    "created_at",
+    "run_at",
+    "started_at",
+    "finished_at",
+    "updated_at",
+    "duration",
+    "error",
+    "payload",
+    "result",
+    "output",
+    "worker_id",
+)
+TIMES = ("created_at", "run_at", "started_at", "finished_at", "updated_at")
+INTEGERS = ("id", "priority", "attempts", "retries", "max_retries")
+TEXTS = ("task", "key", "error", "output", "worker_id")
+
+
+def _pandas() -> Any:
+    try:
+        import pandas  # noqa: PLC0415 - heavy: only when a frame is asked for
+    except ImportError:
+        raise MissingDependency("DataFrames need pandas: pip install pandas") from None
+    return pandas
+
+
+def jobs_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
+    """One row per stored job (in `nbqueue.jobs.COLUMNS` order), as given; `duration` = finished - started."""
+    pandas = _pandas()
+    column = {name: [row[i] for row in rows] for i, name in enumerate(STORED)}
+    frame = pandas.DataFrame(
+        {
+            **{name: _integers(pandas, column[name]) for name in INTEGERS},
+            **{name: pandas.array(column[name], dtype="string") for name in TEXTS},
+            "queue": pandas.Categorical(column["queue"]),
+            "status": pandas.Categorical(column["status"], categories=[s.value for s in State]),
+            **{name: pandas.to_datetime([_time(v) for v in column[name]], utc=True) for name in TIMES},
+            "payload": column["payload"],
+            "result": column["result"],
+        },
+        columns=[c for c in COLUMNS if c != "duration"],
+    )
+    frame.insert(COLUMNS.index("duration"), "duration", frame["finished_at"] - frame["started_at"])
+    result: pd.DataFrame = frame.set_index("id", drop=False).rename_axis(None)
+    return result
+
+
+def _integers(pandas: Any, values: list[Any]) -> Any:
+    """int64; a column damaged by hand (text where a number belongs) becomes nullable Int64 with gaps."""
+    try:
+        return pandas.array(values, dtype="int64")
+    except (TypeError, ValueError, OverflowError):
+        return pandas.to_numeric(pandas.Series(values, dtype="object"), errors="coerce").astype("Int64").array
+
+
+def _time(value: Any) -> Any:
+    return from_us(value) if isinstance(value, int) and not isinstance(value, bool) else None

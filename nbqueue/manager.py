@@ -1,0 +1,470 @@
+"""JobManager: the one door to a queue's storage.
+
+Every verb that changes or reads jobs passes through here: its arguments are
+checked, `nbqueue.policy` decides (retry or dead, periodic slots, why a claim
+was lost), the storage runs the statement, and the rows it reports are
+decoded into Jobs. A row that cannot be decoded is never a raw error: a claimed
+one goes to the dead letters, a read one raises `DamagedJob`. The Queue, the
+worker and the job context all use this door; nothing above it touches storage.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from . import payload as payload_json
+from . import policy, waiting
+from .clock import Clock, from_us, system_clock, to_us, utc_seconds
+from .errors import (
+    DamagedJob,
+    InvalidArgument,
+    InvalidTransition,
+    JobNotFound,
+    LeaseLost,
+    PayloadError,
+)
+from .jobs import FINISHED, Job, State, Verdict, check_transition, from_row, sources
+from .options import JobArgs, JobOptions, check_id
+from .retry import Backoff
+from .schedule import Cron, Every
+from .storage import ClaimRequest, Filter, NewJob, Row, Storage
+from .tasks import Task
+
+RECOVER_BATCH = 500
+BURY_RETRIES = 20  # damaged rows buried in a row before a claim gives up for now
+
+
+@dataclass(frozen=True)
+class Periodic:
+    """A task this queue's workers enqueue on a schedule, with fixed arguments."""
+
+    task: Task[Any, Any]
+    schedule: Every | Cron
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class JobManager:
+    """A queue's storage, clock and rules, behind one set of verbs."""
+
+    def __init__(self, storage: Storage, clock: Clock | None = None, backoff: Backoff | None = None) -> None:
+        self.storage = storage
+        self.clock: Clock = clock or system_clock
+        self.backoff = backoff or Backoff()
+        self.periodics: dict[str, Periodic] = {}
+        self._default_backoff = payload_json.dumps(self.backoff.to_dict(), "backoff")
+
+    # -- time ------------------------------------------------------------------
+
+    def stamp(self) -> int | None:
+        """The time to hand to storage: None lets a server backend use its own clock."""
+        if self.clock is system_clock and self.storage.server_clock:
+            return None
+        return to_us(self.clock())
+
+    def now_us(self) -> int:
+        """The current time in microseconds, from the same clock storage uses."""
+        stamp = self.stamp()
+        if stamp is None:
+            stamp = self.storage.now()
+        return stamp if stamp is not None else to_us(self.clock())
+
+    def now(self) -> datetime:
+        """The current time (UTC), from the same clock storage uses."""
+        moment = from_us(self.now_us())
+        assert moment is not None
+        return moment
+
+    # -- producing -------------------------------------------------------------
+
+    def enqueue_call(
+        self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: JobArgs
+    ) -> Job:
+        """Queue `task(*args, **kwargs)` with the task's options, some replaced by `options`."""
+        chosen = task.options.but(options)
+        return self._insert_one(self._new_job(task.name, call_body(args, kwargs), chosen, task.backoff))
+
+    def enqueue_payload(self, payload: Any, options: JobArgs) -> Job:
+        """Queue a raw JSON payload job."""
+        chosen = JobOptions.given(options)
+        return self._insert_one(self._new_job(None, payload_json.dumps(payload, "payload"), chosen, None))
+
+    def enqueue_payloads(self, payloads: Iterable[Any], options: JobArgs) -> list[int]:
+        """Queue many raw payload jobs in one transaction: all are written, or none."""
+        if isinstance(payloads, str | bytes | dict) or not isinstance(payloads, Iterable):
+            raise InvalidArgument("enqueue_many takes an iterable of payloads (for one, use enqueue)")
+        chosen = JobOptions.given(options)
+        if chosen.key is not None:
+            raise InvalidArgument("enqueue_many cannot share one idempotency key among many jobs")
+        news = [
+            self._new_job(None, payload_json.dumps(p, f"payloads[{i}]"), chosen, None)
+            for i, p in enumerate(payloads)
+        ]
+        return [job_id for job_id, _ in self.storage.insert(news, self.stamp())] if news else []
+
+    def _new_job(self, task: str | None, body: str, options: JobOptions, backoff: Backoff | None) -> NewJob:
+        return NewJob(
+            queue=options.queue,
+            task=task,
+            payload=body,
+            priority=options.priority,
+            key=options.key,
+            max_retries=options.max_retries,
+            delay_us=to_us(options.delay or 0.0),
+            run_at_us=None if options.run_at is None else to_us(utc_seconds(options.run_at, "run_at")),
+            timeout=options.timeout,
+            backoff=self._default_backoff
+            if backoff is None
+            else payload_json.dumps(backoff.to_dict(), "backoff"),
+        )
+
+    def _insert_one(self, new: NewJob) -> Job:
+        now = self.stamp()
+        [(job_id, created)] = self.storage.insert([new], now)
+        if not created or now is None:  # a held key's job, or server time: read it back
+            return self.get(job_id)
+        stamp = from_us(now)
+        assert stamp is not None
+        run_at = (
+            from_us(new.run_at_us)
+            if new.run_at_us is not None
+            else stamp + timedelta(microseconds=new.delay_us)
+        )
+        assert run_at is not None
+        return Job(
+            id=job_id,
+            status=State.PENDING,
+            queue=new.queue,
+            task=new.task,
+            payload=json.loads(new.payload),
+            priority=new.priority,
+            key=new.key,
+            retries=0,
+            max_retries=new.max_retries,
+            attempts=0,
+            error=None,
+            run_at=run_at,
+            created_at=stamp,
+            updated_at=stamp,
+            timeout=new.timeout,
+            backoff=Backoff.from_dict(json.loads(new.backoff)),
+        ).attach(self)
+
+    # -- claims and their outcomes ---------------------------------------------
+
+    def claim(self, request: ClaimRequest) -> Job | None:
+        """Take the best due job the request allows (None if none); damaged rows go dead on the way."""
+        for _ in range(BURY_RETRIES):
+            row = self.storage.claim(request, self.stamp())
+            if row is None:
+                return None
+            job = self._decode_claimed(row)
+            if job is not None:
+                return job
+        return None
+
+    def _decode_claimed(self, row: Row) -> Job | None:
+        """A claimed row as a Job; a damaged one is buried (dead, with why) so it never blocks the queue."""
+        try:
+            return from_row(row).attach(self)
+        except DamagedJob as exc:
+            self.storage.bury(int(row[0]), str(exc), self.stamp())
+            return None
+
+    def heartbeat(self, job: Job, lease_us: int | None = None) -> Job:
+        """Extend a running claim's lease (None: by the claim's own lease)."""
+        check_claim(job, None)
+        until = self.storage.heartbeat(job.id, job.attempts, lease_us, self.stamp())
+        if until is None:
+            raise self._lease_lost(job, "heartbeat")
+        job.lease_until = from_us(until)
+        return job
+
+    def complete(
+        self, job: Job, result: Any, output: str | None = None, then_claim: ClaimRequest | None = None
+    ) -> Job | None:
+        """Record success under the claim; with `then_claim`, the next claim in the same commit."""
+        check_claim(job, State.COMPLETED)
+        text = payload_json.dumps(result, "result")
+        output = payload_json.text(check_output(output))
+        now = self.stamp()
+        done, following = self.storage.complete(job.id, job.attempts, text, output, now, then_claim)
+        if not done:
+            raise self._lease_lost(job, "complete")
+        job.status, job.result_json, job.output, job.lease_until = State.COMPLETED, text, output, None
+        finished = from_us(now if now is not None else to_us(system_clock()))
+        assert finished is not None
+        job.finished_at = job.updated_at = finished
+        return None if following is None else self._decode_claimed(following)
+
+    def fail(
+        self, job: Job, error: str | BaseException, output: str | None = None, retry: bool = True
+    ) -> Verdict:
+        """Record a failed attempt under the claim: retried after its backoff, or dead."""
+        check_claim(job, State.FAILED)
+        text = payload_json.text(error_text(error)) or ""
+        output = payload_json.text(check_output(output))
+        failure = policy.after_failure(job, self.backoff, retry)
+        if not self.storage.fail(
+            job.id, job.attempts, text, output, failure.state, failure.delay_us, self.stamp()
+        ):
+            raise self._lease_lost(job, "fail")
+        return failure.verdict
+
+    def release(self, job: Job) -> bool:
+        """Give a claimed job back unrun (pending, no retry counted); False if it was lost already."""
+        check_claim(job, State.PENDING)
+        return self.storage.release(job.id, job.attempts, self.stamp())
+
+    def recover(self) -> list[tuple[Job, Verdict]]:
+        """Fail every job whose lease expired (a crashed worker): retried or dead by its rules."""
+        recovered = []
+        while True:
+            now = self.stamp()
+            batch = self.storage.expired(now, RECOVER_BATCH)
+            for row in batch:
+                try:
+                    job = from_row(row).attach(self)
+                except DamagedJob as exc:
+                    self.storage.bury(int(row[0]), str(exc), now)
+                    continue
+                failure = policy.after_failure(job, self.backoff)
+                if self.storage.fail(
+                    job.id,
+                    job.attempts,
+                    policy.LEASE_EXPIRED,
+                    job.output,
+                    failure.state,
+                    failure.delay_us,
+                    now,
+                    expired=True,
+                ):
+                    recovered.append((job, failure.verdict))
+            if len(batch) < RECOVER_BATCH:
+                return recovered
+
+    def record_progress(self, job: Job, done: float, total: float | None, message: str) -> bool:
+        """Store a running job's progress; False once its claim is gone."""
+        return self.storage.progress(job.id, job.attempts, done, total, message, self.stamp())
+
+    def lost_claims(self, jobs: Sequence[Job]) -> list[int]:
+        """The ids among these claims that are no longer running under that claim (cancelled, taken)."""
+        if not jobs:
+            return []
+        current = {int(row[0]): row for row in self.storage.get_many([j.id for j in jobs])}
+        status, attempts = 1, 9  # positions in jobs.COLUMNS
+        return [
+            j.id
+            for j in jobs
+            if j.id not in current
+            or current[j.id][status] != State.RUNNING.value
+            or current[j.id][attempts] != j.attempts
+        ]
+
+    def _lease_lost(self, job: Job, verb: str) -> LeaseLost:
+        row = self.storage.get(job.id)
+        try:
+            current = None if row is None else from_row(row)
+        except DamagedJob:
+            current = None
+        why = policy.lease_lost_reason(job, current)
+        return LeaseLost(f"cannot {verb} job {job.id}: {why}; nothing was changed")
+
+    # -- periodic schedules ----------------------------------------------------
+
+    def add_periodic(self, periodic: Periodic) -> None:
+        """Make this queue's workers enqueue `periodic` on its schedule."""
+        self.periodics[periodic.task.name] = periodic
+
+    def tick_periodic(self, names: Sequence[str] | None = None) -> list[str]:
+        """Enqueue each due slot of this queue's periodic tasks (once however many workers tick)."""
+        now = self.now()
+        enqueued = []
+        for periodic in list(self.periodics.values()):
+            task = periodic.task
+            if names is not None and task.name not in names:
+                continue
+            last = self.storage.periodic_slot(task.name)
+            slot = policy.due_slot(periodic.schedule, now, last)
+            if slot is None:
+                continue
+            job = None
+            if slot.enqueue:
+                options = task.options.but({"key": f"periodic:{task.name}:{slot.at.isoformat()}"})
+                job = self._new_job(
+                    task.name, call_body(periodic.args, periodic.kwargs), options, task.backoff
+                )
+            slot_us = to_us(slot.at.timestamp())
+            if self.storage.periodic_advance(task.name, last, slot_us, job, self.stamp()) and slot.enqueue:
+                enqueued.append(task.name)
+        return enqueued
+
+    # -- reading and managing ----------------------------------------------------
+
+    def get(self, job_id: int) -> Job:
+        """The job with that id; raises JobNotFound (or DamagedJob for a row that cannot be read)."""
+        row = self.storage.get(check_id(job_id))
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        return from_row(row).attach(self)
+
+    def get_many(self, job_ids: Iterable[int]) -> list[Job]:
+        """Several jobs by id, in the order given; raises JobNotFound for a missing one."""
+        ids = [check_id(i) for i in job_ids]
+        found = {job.id: job for job in self._decode_all(self.storage.get_many(ids))}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise JobNotFound(f"no job with id {missing[0]}")
+        return [found[i] for i in ids]
+
+    def _decode_all(self, rows: Iterable[Row]) -> list[Job]:
+        return [from_row(row).attach(self) for row in rows]
+
+    def cancel(self, job_id: int) -> Job:
+        """Cancel a job that has not finished; a running one's result will be refused."""
+        while True:  # the job may move on (claimed, finished) between the read and the write
+            job = self.get(job_id)
+            check_transition(job.id, job.status, State.CANCELLED)
+            if self.storage.cancel([job.id], self.stamp()):
+                return self.get(job.id)
+
+    def requeue(self, job_ids: Sequence[int] | None) -> int:
+        """Give dead or cancelled jobs a fresh start; None: every dead job. How many moved.
+
+        A job whose idempotency key an unfinished job holds stays where it is: with
+        None silently, named by id with InvalidTransition after the others moved.
+        """
+        if job_ids is None:
+            return len(self.storage.requeue(None, self.stamp()))
+        allowed = sources(State.PENDING, "requeue")
+        for job in self.get_many(job_ids):
+            if job.status not in allowed:
+                raise InvalidTransition(
+                    f"job {job.id} is {job.status.value}; only dead or cancelled jobs can be requeued"
+                )
+        moved = self.storage.requeue(list(job_ids), self.stamp())
+        left = sorted(set(job_ids) - set(moved))
+        if left:
+            raise InvalidTransition(
+                f"jobs {left} were not requeued: an unfinished job holds their idempotency key "
+                f"({len(moved)} other job(s) were requeued)"
+            )
+        return len(moved)
+
+    def delete(self, job_ids: Sequence[int]) -> int:
+        """Delete finished jobs; refuses (and deletes nothing) if one has not finished."""
+        for job in self.get_many(job_ids):
+            if not job.finished:
+                raise InvalidTransition(
+                    f"job {job.id} is {job.status.value}; only finished jobs can be deleted (cancel it first)"
+                )
+        return self.storage.delete(list(job_ids))
+
+    def purge(self, statuses: Sequence[State], older_than_us: int, limit: int | None = None) -> int:
+        """Delete finished jobs in `statuses` not updated for `older_than_us` (at most `limit`)."""
+        for state in statuses:
+            if state not in FINISHED:
+                raise InvalidArgument(
+                    f"purge removes finished jobs (completed, dead, cancelled), not {state.value} ones"
+                )
+        return self.storage.purge(statuses, older_than_us, self.stamp(), limit)
+
+    def counts(self, queue: str | None = None) -> dict[str, int]:
+        """Jobs per state, every state present."""
+        return self.storage.counts(queue)
+
+    def queues(self) -> list[str]:
+        """The names of the queues that hold jobs."""
+        return self.storage.queues()
+
+    def rows(self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int) -> list[Row]:
+        """A page of raw rows, newest first (for DataFrames, which must show damaged rows too)."""
+        return self.storage.rows(statuses, queue, limit, offset)
+
+    def jobs(self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int) -> list[Job]:
+        """A page of jobs, newest first."""
+        return self._decode_all(self.rows(statuses, queue, limit, offset))
+
+    def task_names(self, statuses: Sequence[State]) -> list[str]:
+        """The task names of jobs in `statuses`."""
+        return self.storage.task_names(statuses)
+
+    def next_due(self, where: Filter) -> int | None:
+        """The earliest run_at of a job the filter allows (None: nothing waits)."""
+        return self.storage.next_due(where)
+
+    def due_now(self, where: Filter) -> bool:
+        """True when a job the filter allows may run now."""
+        due = self.next_due(where)
+        return due is not None and due <= self.now_us()
+
+    def tidy(self) -> None:
+        """Storage housekeeping a worker runs now and then."""
+        self.storage.tidy()
+
+    # -- waiting ---------------------------------------------------------------
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Block until another writer may have committed, or timeout seconds pass."""
+        self.storage.wait_for_change(timeout)
+
+    def notify(self) -> None:
+        """Wake this process's waiting workers."""
+        self.storage.notify()
+
+    def result(self, job: Job | int, timeout: float | None = None) -> Any:
+        """Wait for one job and return its result; raises JobFailed if it ended dead or cancelled."""
+        return waiting.result(self, job, timeout)
+
+    def close(self) -> None:
+        """Release the storage's connections."""
+        self.storage.close()
+
+
+# -- argument checks (each names what was wrong) -----------------------------------
+
+
+def call_body(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """A task call's stored payload; a refusal names the argument at fault, as the caller wrote it."""
+    for name in kwargs:
+        if not isinstance(name, str):
+            raise InvalidArgument(f"keyword argument names must be strings, not {name!r}")
+    try:
+        return payload_json.dumps({"args": list(args), "kwargs": kwargs}, "arguments")
+    except PayloadError:
+        for i, value in enumerate(args):
+            payload_json.dumps(value, f"args[{i}]")
+        for name, value in kwargs.items():
+            payload_json.dumps(value, f"kwargs[{name!r}]")
+        raise
+
+
+def check_claim(job: Job, target: State | None) -> None:
+    """The job must be a claim (running); target=None just checks that."""
+    if not isinstance(job, Job):
+        raise InvalidArgument(f"expected a Job (from claim()), not {type(job).__name__}")
+    if target is None and job.status is not State.RUNNING:
+        raise InvalidTransition(f"job {job.id} is {job.status.value}, not a running claim")
+    if target is not None:
+        check_transition(job.id, job.status, target)
+
+
+def check_output(output: object) -> str | None:
+    """A job's captured output: text or None."""
+    if output is not None and not isinstance(output, str):
+        raise InvalidArgument(f"output must be text, not {type(output).__name__}")
+    return output
+
+
+def error_text(error: str | BaseException) -> str:
+    """An error as stored: an exception's whole traceback, or the text given."""
+    if isinstance(error, BaseException):
+        return "".join(traceback.format_exception(error)).rstrip()
+    if not isinstance(error, str):
+        raise InvalidArgument(f"error must be a string or an exception, not {type(error).__name__}")
+    return error

@@ -1,0 +1,295 @@
+"""PostgreSQL: the schema's version history and every statement, fixed text made once at import.
+
+Every connection sets `search_path` to the queue's schema, so statements name
+tables without a schema and never change at run time. Parameters are named
+(`%(now)s`); lists are passed as arrays. Time is the server's `now()` unless
+the caller passes its own clock (`%(now)s` not null). The rules shared with
+SQLite come from `storage.rules`.
+"""
+
+from __future__ import annotations
+
+from ..jobs import COLUMNS, State
+from .rules import (
+    ANY_STATE_SQL,
+    CANCELLABLE_SQL,
+    CLAIM_ORDER,
+    CLAIMABLE_SQL,
+    FINISHED_SQL,
+    REQUEUEABLE_SQL,
+    UNFINISHED_SQL,
+    key_is_free,
+)
+
+SCHEMA_VERSION = 3
+SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
+NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
+CLOCK = f"c AS (SELECT {NOW} AS now)"
+
+#: Each version's statements, run in order under an advisory lock. History: never edited.
+#: `{s}` is the schema (quoted), filled in once per migration, never in a queue verb.
+MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        f"""CREATE TABLE {{s}}.nbqueue_jobs (
+            id BIGSERIAL PRIMARY KEY,
+            status TEXT NOT NULL CHECK ({ANY_STATE_SQL}),
+            queue TEXT NOT NULL,
+            task TEXT,
+            payload TEXT NOT NULL,
+            priority BIGINT NOT NULL DEFAULT 0,
+            key TEXT,
+            retries INTEGER NOT NULL DEFAULT 0,
+            max_retries INTEGER NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            error TEXT,
+            run_at BIGINT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL,
+            started_at BIGINT,
+            finished_at BIGINT,
+            lease_until BIGINT,
+            lease_us BIGINT,
+            worker_id TEXT,
+            timeout DOUBLE PRECISION,
+            output TEXT,
+            backoff TEXT,
+            result TEXT
+        )""",
+        f"CREATE INDEX nbqueue_claim_queue ON {{s}}.nbqueue_jobs (queue, {CLAIM_ORDER}) "
+        f"WHERE {CLAIMABLE_SQL}",
+        f"CREATE INDEX nbqueue_claim_any ON {{s}}.nbqueue_jobs ({CLAIM_ORDER}) WHERE {CLAIMABLE_SQL}",
+        f"CREATE INDEX nbqueue_due ON {{s}}.nbqueue_jobs (run_at) WHERE {CLAIMABLE_SQL}",
+        f"CREATE UNIQUE INDEX nbqueue_key ON {{s}}.nbqueue_jobs (key) "
+        f"WHERE key IS NOT NULL AND {UNFINISHED_SQL}",
+        "CREATE INDEX nbqueue_lease ON {s}.nbqueue_jobs (lease_until) WHERE status = 'running'",
+        "CREATE INDEX nbqueue_status ON {s}.nbqueue_jobs (status, queue, id)",
+    ],
+    # Progress reported from inside a job; periodic schedules' last enqueued slot.
+    2: [
+        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN progress_done DOUBLE PRECISION, "
+        "ADD COLUMN progress_total DOUBLE PRECISION, ADD COLUMN progress_message TEXT",
+        "CREATE TABLE {s}.nbqueue_periodic (name TEXT PRIMARY KEY, last_slot BIGINT NOT NULL)",
+    ],
+    # The same meaning as SQLite's version 3: claims seek only the per-queue index, pages by
+    # (status, id), and counts are kept as jobs change. Counts are kept without a hot row:
+    # each change appends to nbqueue_count_changes, and readers fold those into nbqueue_counts.
+    3: [
+        "DROP INDEX {s}.nbqueue_claim_any",
+        "DROP INDEX {s}.nbqueue_due",
+        "DROP INDEX {s}.nbqueue_status",
+        "CREATE INDEX nbqueue_status ON {s}.nbqueue_jobs (status, id)",
+        "CREATE TABLE {s}.nbqueue_counts (queue TEXT NOT NULL, status TEXT NOT NULL, n BIGINT NOT NULL, "
+        "PRIMARY KEY (queue, status))",
+        "CREATE TABLE {s}.nbqueue_count_changes "
+        "(queue TEXT NOT NULL, status TEXT NOT NULL, n INTEGER NOT NULL)",
+        "LOCK TABLE {s}.nbqueue_jobs IN SHARE MODE",
+        "INSERT INTO {s}.nbqueue_counts SELECT queue, status, count(*) FROM {s}.nbqueue_jobs GROUP BY 1, 2",
+        """CREATE FUNCTION {s}.nbqueue_count_change() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'INSERT' THEN
+                INSERT INTO {s}.nbqueue_count_changes VALUES (NEW.queue, NEW.status, 1);
+            ELSIF TG_OP = 'DELETE' THEN
+                INSERT INTO {s}.nbqueue_count_changes VALUES (OLD.queue, OLD.status, -1);
+            ELSE
+                INSERT INTO {s}.nbqueue_count_changes
+                    VALUES (OLD.queue, OLD.status, -1), (NEW.queue, NEW.status, 1);
+            END IF;
+            RETURN NULL;
+        END $$""",
+        "CREATE TRIGGER nbqueue_count_insert AFTER INSERT ON {s}.nbqueue_jobs "
+        "FOR EACH ROW EXECUTE FUNCTION {s}.nbqueue_count_change()",
+        "CREATE TRIGGER nbqueue_count_delete AFTER DELETE ON {s}.nbqueue_jobs "
+        "FOR EACH ROW EXECUTE FUNCTION {s}.nbqueue_count_change()",
+        "CREATE TRIGGER nbqueue_count_update AFTER UPDATE OF status ON {s}.nbqueue_jobs "
+        "FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) "
+        "EXECUTE FUNCTION {s}.nbqueue_count_change()",
+    ],
+}
+
+SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
+RETURNING_JOB = "RETURNING " + ", ".join(f"nbqueue_jobs.{c}" for c in COLUMNS)
+TASK_ALLOWED = "(%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))"
+
+# -- the queues to look in: named ones, or every queue that has claimable jobs ------------
+
+NAMED_QUEUES = "waiting(name) AS (SELECT unnest(%(queues)s::text[]))"
+# A skip scan of the claim index: one seek per distinct queue, however many jobs wait.
+EVERY_WAITING_QUEUE = (
+    f"waiting(name) AS (SELECT (SELECT min(queue) FROM nbqueue_jobs WHERE {CLAIMABLE_SQL}) "
+    f"UNION ALL SELECT (SELECT min(queue) FROM nbqueue_jobs WHERE {CLAIMABLE_SQL} AND queue > waiting.name) "
+    "FROM waiting WHERE waiting.name IS NOT NULL)"
+)
+
+
+def _pick(waiting: str, gate: str = "") -> str:
+    """CTEs that pick the best due job: each queue's head (locked, skipping locked rows), then the best."""
+    return (
+        f"{waiting}, pick AS (SELECT k.id FROM waiting CROSS JOIN LATERAL (SELECT id, priority, run_at "
+        f"FROM nbqueue_jobs WHERE {CLAIMABLE_SQL} AND queue = waiting.name AND run_at <= (SELECT now FROM c) "
+        f"AND {TASK_ALLOWED}{gate} ORDER BY {CLAIM_ORDER} LIMIT 1 FOR UPDATE SKIP LOCKED) k "
+        "WHERE waiting.name IS NOT NULL ORDER BY k.priority DESC, k.run_at, k.id LIMIT 1)"
+    )
+
+
+TAKE = (
+    "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = %(worker)s, "
+    "lease_until = c.now + %(lease)s, lease_us = %(lease)s, started_at = c.now, updated_at = c.now, "
+    "progress_done = NULL, progress_total = NULL, progress_message = NULL "
+    f"FROM c WHERE id = (SELECT id FROM pick) {RETURNING_JOB}"
+)
+LIVE_CLAIM = "id = %(id)s AND status = 'running' AND attempts = %(attempt)s"
+DONE = (
+    "done AS (UPDATE nbqueue_jobs SET status = 'completed', result = %(result)s, output = %(output)s, "
+    f"finished_at = c.now, updated_at = c.now, lease_until = NULL FROM c WHERE {LIVE_CLAIM} "
+    "AND lease_until > c.now RETURNING nbqueue_jobs.id)"
+)
+
+
+def _claim(waiting: str) -> str:
+    return f"WITH RECURSIVE {CLOCK}, {_pick(waiting)} {TAKE}"
+
+
+def _complete_then_claim(waiting: str) -> str:
+    # The completion and the next claim in one statement: one round trip, one commit per job.
+    gate = " AND EXISTS (SELECT 1 FROM done)"
+    return (
+        f"WITH RECURSIVE {CLOCK}, {DONE}, {_pick(waiting, gate)}, next AS ({TAKE}) "
+        "SELECT (SELECT count(*) FROM done), next.* FROM (SELECT 1) one LEFT JOIN next ON TRUE"
+    )
+
+
+def _next_due(waiting: str) -> str:
+    return (
+        f"WITH RECURSIVE {waiting} SELECT min(k.run_at) FROM waiting CROSS JOIN LATERAL (SELECT run_at "
+        f"FROM nbqueue_jobs WHERE {CLAIMABLE_SQL} AND queue = waiting.name AND {TASK_ALLOWED} "
+        "ORDER BY run_at LIMIT 1) k WHERE waiting.name IS NOT NULL"
+    )
+
+
+CLAIM_FROM_QUEUES = _claim(NAMED_QUEUES)
+CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
+COMPLETE_THEN_CLAIM_FROM_QUEUES = _complete_then_claim(NAMED_QUEUES)
+COMPLETE_THEN_CLAIM_FROM_ANY_QUEUE = _complete_then_claim(EVERY_WAITING_QUEUE)
+COMPLETE = f"WITH {CLOCK}, {DONE} SELECT count(*) FROM done"
+NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)
+NEXT_DUE_IN_ANY_QUEUE = _next_due(EVERY_WAITING_QUEUE)
+
+_NEW_COLUMNS = "queue, task, payload, priority, key, max_retries, delay_us, run_at_us, timeout, backoff"
+# All rows in one INSERT ... SELECT FROM unnest: atomic, one round trip. A row whose key an
+# unfinished job holds is skipped (the caller then reads that job's id).
+INSERT = (
+    f"WITH {CLOCK}, new AS (SELECT * FROM unnest(%(queue)s::text[], %(task)s::text[], "
+    "%(payload)s::text[], %(priority)s::bigint[], %(key)s::text[], %(max_retries)s::int[], "
+    "%(delay_us)s::bigint[], %(run_at_us)s::bigint[], %(timeout)s::float8[], %(backoff)s::text[]) "
+    f"WITH ORDINALITY AS r({_NEW_COLUMNS}, n)), "
+    "ins AS (INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, "
+    "created_at, updated_at, timeout, backoff) SELECT 'pending', queue, task, payload, priority, key, "
+    "max_retries, coalesce(run_at_us, c.now + delay_us), c.now, c.now, timeout, backoff "
+    "FROM new, c ORDER BY n "
+    f"ON CONFLICT (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL} DO NOTHING RETURNING id), "
+    "woke AS (SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT 1 FROM ins)) "
+    "SELECT id FROM ins, (SELECT count(*) FROM woke) w ORDER BY id"
+)
+HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = %(key)s AND {UNFINISHED_SQL}"
+
+HEARTBEAT = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET lease_until = c.now + coalesce(%(lease)s, lease_us), "
+    f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} AND lease_until > c.now RETURNING lease_until"
+)
+_WAKE = "(SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '') WHERE %(wake)s) n)"
+
+
+def _fail(lease_test: str) -> str:
+    failed = f"(%(status)s = '{State.FAILED.value}')"
+    return (
+        f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = %(status)s, error = %(error)s, output = %(output)s, "
+        f"retries = retries + {failed}::int, "
+        f"run_at = CASE WHEN {failed} THEN c.now + %(delay)s ELSE run_at END, "
+        f"finished_at = CASE WHEN {failed} THEN NULL ELSE c.now END, updated_at = c.now, lease_until = NULL "
+        f"FROM c WHERE {LIVE_CLAIM} AND {lease_test} RETURNING {_WAKE}"
+    )
+
+
+FAIL = _fail("lease_until > c.now")
+FAIL_EXPIRED = _fail("lease_until <= c.now")
+RELEASE = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, "
+    f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} RETURNING {_WAKE}"
+)
+BURY = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'dead', error = %(error)s, lease_until = NULL, "
+    "finished_at = c.now, updated_at = c.now FROM c WHERE id = %(id)s AND status = 'running' RETURNING 1"
+)
+CANCEL = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'cancelled', updated_at = c.now, lease_until = NULL, "
+    f"finished_at = c.now FROM c WHERE id = ANY(%(ids)s::bigint[]) AND {CANCELLABLE_SQL} RETURNING id"
+)
+_REQUEUE_SET = (
+    f"WITH {CLOCK}, moved AS (UPDATE nbqueue_jobs SET status = 'pending', updated_at = c.now, retries = 0, "
+    "run_at = c.now, lease_until = NULL, worker_id = NULL, finished_at = NULL FROM c"
+)
+_REQUEUED = f"RETURNING nbqueue_jobs.id) SELECT id, {_WAKE} FROM moved"
+REQUEUE_IDS = (
+    f"{_REQUEUE_SET} WHERE id = ANY(%(ids)s::bigint[]) AND {REQUEUEABLE_SQL} "
+    f"AND {key_is_free('twin.id = ANY(%(ids)s::bigint[])')} {_REQUEUED}"
+)
+_EVERY_DEAD = "twin.status = 'dead'"
+REQUEUE_DEAD = f"{_REQUEUE_SET} WHERE status = 'dead' AND {key_is_free(_EVERY_DEAD)} {_REQUEUED}"
+PROGRESS = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET progress_done = %(done)s, progress_total = %(total)s, "
+    f"progress_message = %(message)s, updated_at = c.now FROM c WHERE {LIVE_CLAIM} RETURNING 1"
+)
+
+PERIODIC_SLOT = "SELECT last_slot FROM nbqueue_periodic WHERE name = %(name)s"
+PERIODIC_START = "INSERT INTO nbqueue_periodic VALUES (%(name)s, %(slot)s) ON CONFLICT DO NOTHING RETURNING 1"
+PERIODIC_MOVE = (
+    "UPDATE nbqueue_periodic SET last_slot = %(slot)s WHERE name = %(name)s AND last_slot = %(last)s "
+    "RETURNING 1"
+)
+
+GET = f"{SELECT_JOBS} WHERE id = %(id)s"
+GET_MANY = f"{SELECT_JOBS} WHERE id = ANY(%(ids)s::bigint[])"
+EXPIRED = (
+    f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= {NOW} ORDER BY lease_until LIMIT %(limit)s"
+)
+DELETE = f"DELETE FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) AND {FINISHED_SQL} RETURNING id"
+PURGE = (
+    "WITH gone AS (DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs "
+    f"WHERE updated_at < {NOW} - %(age)s AND status = ANY(%(statuses)s::text[]) AND {FINISHED_SQL} "
+    "ORDER BY id LIMIT %(limit)s) RETURNING 1) SELECT count(*) FROM gone"
+)
+
+# Counts: fold the appended changes into nbqueue_counts (one folder at a time: the others
+# read both tables, which is as exact), then read. `sums` holds what this call folded.
+_FOLD = (
+    "got AS (SELECT pg_try_advisory_xact_lock(hashtext('nbqueue-counts:' || current_schema())) AS lock), "
+    "moved AS (DELETE FROM nbqueue_count_changes WHERE (SELECT lock FROM got) RETURNING queue, status, n), "
+    "sums AS (SELECT queue, status, sum(n)::bigint AS n FROM moved GROUP BY queue, status), "
+    "saved AS (INSERT INTO nbqueue_counts SELECT queue, status, n FROM sums "
+    "ON CONFLICT (queue, status) DO UPDATE SET n = nbqueue_counts.n + excluded.n RETURNING 1), "
+    "now_counted AS (SELECT queue, status, n FROM nbqueue_counts UNION ALL SELECT queue, status, n FROM sums "
+    "UNION ALL SELECT queue, status, n FROM nbqueue_count_changes WHERE NOT (SELECT lock FROM got))"
+)
+COUNTS = (
+    f"WITH {_FOLD} SELECT status, sum(n) FROM now_counted "
+    "WHERE (%(queue)s::text IS NULL OR queue = %(queue)s) "
+    "GROUP BY status"
+)
+QUEUES = f"WITH {_FOLD} SELECT queue FROM now_counted GROUP BY queue HAVING sum(n) > 0 ORDER BY queue"
+TIDY = f"WITH {_FOLD} SELECT count(*) FROM sums"
+TASK_NAMES = (
+    "SELECT DISTINCT task FROM nbqueue_jobs WHERE task IS NOT NULL AND status = ANY(%(statuses)s::text[]) "
+    "ORDER BY task"
+)
+
+# A page of jobs, newest first: one statement per filter, so each can use its index.
+_STATUS_IN = "status = ANY(%(statuses)s::text[])"
+_PAGE = "ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s"
+ROWS = {
+    (False, False): f"{SELECT_JOBS} {_PAGE}",
+    (True, False): f"{SELECT_JOBS} WHERE {_STATUS_IN} {_PAGE}",
+    (False, True): f"{SELECT_JOBS} WHERE queue = %(queue)s {_PAGE}",
+    (True, True): f"{SELECT_JOBS} WHERE {_STATUS_IN} AND queue = %(queue)s {_PAGE}",
+}
+
+SERVER_TIME = f"SELECT {SERVER_NOW}"

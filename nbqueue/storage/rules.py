@@ -1,0 +1,50 @@
+"""The rules that must run inside SQL, written once for both backends.
+
+Each fragment is built from `nbqueue.jobs` when this module loads, in SQL that
+SQLite and PostgreSQL read alike, and both backends paste the same text into
+their fixed statements and partial indexes (SQLite uses a partial index only
+when a query repeats its WHERE clause verbatim). `tests/test_rules_in_sql.py`
+checks that both backends' statements carry them and behave the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..jobs import CLAIMABLE, FINISHED, UNFINISHED, State, sources
+
+
+def status_in(states: Iterable[State], column: str = "status") -> str:
+    """`status IN ('a', 'b')` for a fixed set of states."""
+    return f"{column} IN ({', '.join(repr(s.value) for s in states)})"
+
+
+#: A claim takes jobs in these states (and the claim index holds only them).
+CLAIMABLE_SQL = status_in(CLAIMABLE)
+#: Jobs in these states hold their idempotency key (a partial unique index).
+UNFINISHED_SQL = status_in(UNFINISHED)
+#: Only these may be deleted or purged.
+FINISHED_SQL = status_in(FINISHED)
+#: `cancel` moves jobs from these states.
+CANCELLABLE_SQL = status_in(sources(State.CANCELLED, "cancel"))
+#: `requeue` moves jobs from these states.
+REQUEUEABLE_SQL = status_in(sources(State.PENDING, "requeue"))
+#: Every state, for the CHECK constraint.
+ANY_STATE_SQL = status_in(State)
+
+
+def key_is_free(chosen: str) -> str:
+    """A requeued job must not take a key an unfinished job holds, nor may two requeued
+    jobs share one: of the `chosen` jobs (a condition on `twin`) with the same key, only
+    the oldest comes back. Evaluated against the table as it was before the statement.
+    """
+    return (
+        "(nbqueue_jobs.key IS NULL OR (NOT EXISTS (SELECT 1 FROM nbqueue_jobs held "
+        f"WHERE held.key = nbqueue_jobs.key AND {status_in(UNFINISHED, 'held.status')}) "
+        "AND nbqueue_jobs.id = (SELECT min(twin.id) FROM nbqueue_jobs twin WHERE twin.key = nbqueue_jobs.key "
+        f"AND {status_in(sources(State.PENDING, 'requeue'), 'twin.status')} AND {chosen})))"
+    )
+
+
+#: The order claims take jobs in: higher priority, then earlier run_at, then first in.
+CLAIM_ORDER = "priority DESC, run_at, id"

@@ -1,0 +1,232 @@
+"""SQLite: the schema's version history and every statement, fixed text made once at import.
+
+Parameters are named (`:now`). Lists (ids, queues, tasks, states) are passed
+as one JSON array and read with `json_each`, so no statement is edited to fit
+a list. The rules shared with PostgreSQL come from `storage.rules`.
+"""
+
+from __future__ import annotations
+
+from ..jobs import COLUMNS, State
+from .rules import (
+    ANY_STATE_SQL,
+    CANCELLABLE_SQL,
+    CLAIM_ORDER,
+    CLAIMABLE_SQL,
+    FINISHED_SQL,
+    REQUEUEABLE_SQL,
+    UNFINISHED_SQL,
+    key_is_free,
+)
+
+SCHEMA_VERSION = 3
+APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
+NEXT_DUE_SCAN = 10_000  # claim-index entries per queue read to find the earliest due job
+
+#: Each version's script, applied in order inside one write transaction. History: never edited.
+MIGRATIONS: dict[int, str] = {
+    1: f"""
+    CREATE TABLE nbqueue_jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        status TEXT NOT NULL CHECK ({ANY_STATE_SQL}),
+        queue TEXT NOT NULL,
+        task TEXT,
+        payload TEXT NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0,
+        key TEXT,
+        retries INTEGER NOT NULL DEFAULT 0,
+        max_retries INTEGER NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        run_at INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        started_at INTEGER,
+        finished_at INTEGER,
+        lease_until INTEGER,
+        lease_us INTEGER,
+        worker_id TEXT,
+        timeout REAL,
+        output TEXT,
+        backoff TEXT,
+        result TEXT
+    );
+    CREATE INDEX nbqueue_claim_queue ON nbqueue_jobs (queue, {CLAIM_ORDER}) WHERE {CLAIMABLE_SQL};
+    CREATE INDEX nbqueue_claim_any ON nbqueue_jobs ({CLAIM_ORDER}) WHERE {CLAIMABLE_SQL};
+    CREATE INDEX nbqueue_due ON nbqueue_jobs (run_at) WHERE {CLAIMABLE_SQL};
+    CREATE UNIQUE INDEX nbqueue_key ON nbqueue_jobs (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL};
+    CREATE INDEX nbqueue_lease ON nbqueue_jobs (lease_until) WHERE status = 'running';
+    CREATE INDEX nbqueue_status ON nbqueue_jobs (status, id);
+    -- Counts per (queue, status), kept by triggers so the board never scans the table.
+    CREATE TABLE nbqueue_counts (
+        queue TEXT NOT NULL, status TEXT NOT NULL, n INTEGER NOT NULL,
+        PRIMARY KEY (queue, status)
+    ) WITHOUT ROWID;
+    CREATE TRIGGER nbqueue_count_insert AFTER INSERT ON nbqueue_jobs BEGIN
+        INSERT INTO nbqueue_counts VALUES (new.queue, new.status, 1)
+            ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
+    END;
+    CREATE TRIGGER nbqueue_count_delete AFTER DELETE ON nbqueue_jobs BEGIN
+        UPDATE nbqueue_counts SET n = n - 1 WHERE queue = old.queue AND status = old.status;
+    END;
+    CREATE TRIGGER nbqueue_count_update AFTER UPDATE OF status ON nbqueue_jobs
+        WHEN old.status != new.status BEGIN
+        UPDATE nbqueue_counts SET n = n - 1 WHERE queue = old.queue AND status = old.status;
+        INSERT INTO nbqueue_counts VALUES (new.queue, new.status, 1)
+            ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
+    END;
+    """,
+    # Fewer indexes, faster writes: every claim seeks the per-queue claim index.
+    2: """
+    DROP INDEX nbqueue_claim_any;
+    DROP INDEX nbqueue_due;
+    """,
+    # Progress reported from inside a job; periodic schedules' last enqueued slot.
+    3: """
+    ALTER TABLE nbqueue_jobs ADD COLUMN progress_done REAL;
+    ALTER TABLE nbqueue_jobs ADD COLUMN progress_total REAL;
+    ALTER TABLE nbqueue_jobs ADD COLUMN progress_message TEXT;
+    CREATE TABLE nbqueue_periodic (name TEXT PRIMARY KEY, last_slot INTEGER NOT NULL) WITHOUT ROWID;
+    """,
+}
+
+SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
+RETURNING_JOB = f"RETURNING {', '.join(COLUMNS)}"
+CLAIM_INDEX = "nbqueue_jobs INDEXED BY nbqueue_claim_queue"
+TASK_ALLOWED = "(:tasks IS NULL OR task IN (SELECT value FROM json_each(:tasks)))"
+IDS = "(SELECT value FROM json_each(:ids))"
+
+# -- the queues to look in: named ones, or every queue that has claimable jobs ------------
+
+NAMED_QUEUES = "waiting(name) AS (SELECT value FROM json_each(:queues))"
+# A skip scan of the claim index: one seek per distinct queue, however many jobs wait.
+EVERY_WAITING_QUEUE = (
+    f"waiting(name) AS (SELECT (SELECT min(queue) FROM {CLAIM_INDEX} WHERE {CLAIMABLE_SQL}) "
+    f"UNION ALL SELECT (SELECT min(queue) FROM {CLAIM_INDEX} WHERE {CLAIMABLE_SQL} AND queue > waiting.name) "
+    "FROM waiting WHERE waiting.name IS NOT NULL)"
+)
+
+
+def _claim(waiting: str) -> str:
+    # One index seek per queue for its best due job, then the best of those few.
+    return (
+        f"WITH RECURSIVE {waiting}, heads(id) AS (SELECT (SELECT id FROM {CLAIM_INDEX} "
+        f"WHERE {CLAIMABLE_SQL} AND queue = waiting.name AND run_at <= :now AND {TASK_ALLOWED} "
+        f"ORDER BY {CLAIM_ORDER} LIMIT 1) FROM waiting WHERE waiting.name IS NOT NULL) "
+        "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = :worker, "
+        "lease_until = :now + :lease, lease_us = :lease, started_at = :now, updated_at = :now, "
+        "progress_done = NULL, progress_total = NULL, progress_message = NULL "
+        f"WHERE id = (SELECT id FROM nbqueue_jobs WHERE id IN (SELECT id FROM heads) ORDER BY {CLAIM_ORDER} "
+        f"LIMIT 1) {RETURNING_JOB}"
+    )
+
+
+def _next_due(waiting: str) -> str:
+    # Exact unless a queue holds over NEXT_DUE_SCAN waiting jobs; the worker re-checks anyway.
+    return (
+        f"WITH RECURSIVE {waiting} SELECT min((SELECT min(run_at) FROM (SELECT run_at FROM {CLAIM_INDEX} "
+        f"WHERE {CLAIMABLE_SQL} AND queue = waiting.name AND {TASK_ALLOWED} LIMIT {NEXT_DUE_SCAN}))) "
+        "FROM waiting WHERE waiting.name IS NOT NULL"
+    )
+
+
+CLAIM_FROM_QUEUES = _claim(NAMED_QUEUES)
+CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
+NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)
+NEXT_DUE_IN_ANY_QUEUE = _next_due(EVERY_WAITING_QUEUE)
+
+INSERT = (
+    "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, "
+    "created_at, updated_at, timeout, backoff) VALUES ('pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = :key AND {UNFINISHED_SQL}"
+
+LIVE_CLAIM = "id = :id AND status = 'running' AND attempts = :attempt"
+
+HEARTBEAT = (
+    "UPDATE nbqueue_jobs SET lease_until = :now + coalesce(:lease, lease_us), updated_at = :now "
+    f"WHERE {LIVE_CLAIM} AND lease_until > :now RETURNING lease_until"
+)
+COMPLETE = (
+    "UPDATE nbqueue_jobs SET status = 'completed', result = :result, output = :output, finished_at = :now, "
+    f"updated_at = :now, lease_until = NULL WHERE {LIVE_CLAIM} AND lease_until > :now"
+)
+
+
+def _fail(lease_test: str) -> str:
+    failed = f"(:status = '{State.FAILED.value}')"
+    return (
+        "UPDATE nbqueue_jobs SET status = :status, error = :error, output = :output, "
+        f"retries = retries + {failed}, "  # a dead job used its retries; none is added
+        f"run_at = CASE WHEN {failed} THEN :now + :delay ELSE run_at END, "
+        f"finished_at = CASE WHEN {failed} THEN NULL ELSE :now END, updated_at = :now, lease_until = NULL "
+        f"WHERE {LIVE_CLAIM} AND {lease_test}"
+    )
+
+
+FAIL = _fail("lease_until > :now")
+FAIL_EXPIRED = _fail("lease_until <= :now")
+RELEASE = (
+    "UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, updated_at = :now "
+    f"WHERE {LIVE_CLAIM}"
+)
+BURY = (
+    "UPDATE nbqueue_jobs SET status = 'dead', error = :error, lease_until = NULL, finished_at = :now, "
+    "updated_at = :now WHERE id = :id AND status = 'running'"
+)
+CANCEL = (
+    "UPDATE nbqueue_jobs SET status = 'cancelled', updated_at = :now, lease_until = NULL, finished_at = :now "
+    f"WHERE id IN {IDS} AND {CANCELLABLE_SQL} RETURNING id"
+)
+_REQUEUE_SET = (
+    "UPDATE nbqueue_jobs SET status = 'pending', updated_at = :now, retries = 0, run_at = :now, "
+    "lease_until = NULL, worker_id = NULL, finished_at = NULL"
+)
+REQUEUE_IDS = (
+    f"{_REQUEUE_SET} WHERE id IN {IDS} AND {REQUEUEABLE_SQL} AND {key_is_free(f'twin.id IN {IDS}')} "
+    "RETURNING id"
+)
+_EVERY_DEAD = "twin.status = 'dead'"
+REQUEUE_DEAD = f"{_REQUEUE_SET} WHERE status = 'dead' AND {key_is_free(_EVERY_DEAD)} RETURNING id"
+PROGRESS = (
+    "UPDATE nbqueue_jobs SET progress_done = :done, progress_total = :total, progress_message = :message, "
+    f"updated_at = :now WHERE {LIVE_CLAIM}"
+)
+
+PERIODIC_SLOT = "SELECT last_slot FROM nbqueue_periodic WHERE name = :name"
+PERIODIC_START = "INSERT INTO nbqueue_periodic VALUES (:name, :slot) ON CONFLICT (name) DO NOTHING"
+PERIODIC_MOVE = "UPDATE nbqueue_periodic SET last_slot = :slot WHERE name = :name AND last_slot = :last"
+
+GET = f"{SELECT_JOBS} WHERE id = :id"
+GET_MANY = f"{SELECT_JOBS} WHERE id IN {IDS}"
+EXPIRED = f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= :now ORDER BY lease_until LIMIT :limit"
+DELETE = f"DELETE FROM nbqueue_jobs WHERE id IN {IDS} AND {FINISHED_SQL}"
+PURGE = (
+    "DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs WHERE updated_at < :before "
+    f"AND status IN (SELECT value FROM json_each(:statuses)) AND {FINISHED_SQL} ORDER BY id LIMIT :limit)"
+)
+COUNTS = "SELECT status, sum(n) FROM nbqueue_counts GROUP BY status"
+COUNTS_IN_QUEUE = "SELECT status, n FROM nbqueue_counts WHERE queue = :queue"
+QUEUES = "SELECT DISTINCT queue FROM nbqueue_counts WHERE n > 0 ORDER BY queue"
+TASK_NAMES = (
+    "SELECT DISTINCT task FROM nbqueue_jobs WHERE task IS NOT NULL "
+    "AND status IN (SELECT value FROM json_each(:statuses)) ORDER BY task"
+)
+
+# A page of jobs, newest first: one statement per filter, so each can use its index.
+_STATUS_IN = "status IN (SELECT value FROM json_each(:statuses))"
+ROWS = {
+    (False, False): f"{SELECT_JOBS} ORDER BY id DESC LIMIT :limit OFFSET :offset",
+    (True, False): f"{SELECT_JOBS} WHERE {_STATUS_IN} ORDER BY id DESC LIMIT :limit OFFSET :offset",
+    (False, True): f"{SELECT_JOBS} WHERE queue = :queue ORDER BY id DESC LIMIT :limit OFFSET :offset",
+    (True, True): (
+        f"{SELECT_JOBS} WHERE {_STATUS_IN} AND queue = :queue ORDER BY id DESC LIMIT :limit OFFSET :offset"
+    ),
+}
+
+# The file's identity and version, read in one snapshot.
+IDENTITY = (
+    "SELECT (SELECT application_id FROM pragma_application_id), "
+    "(SELECT user_version FROM pragma_user_version), "
+    "(SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%')"
+)

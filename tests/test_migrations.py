@@ -1,0 +1,128 @@
+"""Schema history: a queue written by any older nbqueue opens, upgraded in place, with its jobs.
+
+Each backend keeps its own version history; from version 3 on the two mean the
+same schema (the same tables, indexes and counts), which the last test checks.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql as pg_sql
+
+import nbqueue
+from nbqueue.storage import postgres_queries, sqlite_queries
+
+OLD_ROW = (
+    "INSERT INTO {t} (status, queue, payload, max_retries, run_at, created_at, updated_at) "
+    "VALUES ('pending', 'default', '{{\"kept\": true}}', 3, 0, 0, 0), "
+    "('dead', 'default', '{{\"dead\": true}}', 3, 0, 0, 0)"
+)
+
+
+def sqlite_at(path: Path, version: int) -> None:
+    """A SQLite queue file as nbqueue left it at schema `version`, holding two jobs."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    for v in range(1, version + 1):
+        conn.executescript(sqlite_queries.MIGRATIONS[v])
+    conn.execute(f"PRAGMA user_version = {version}")
+    conn.execute(f"PRAGMA application_id = {sqlite_queries.APPLICATION_ID}")
+    conn.execute(OLD_ROW.format(t="nbqueue_jobs"))
+    conn.close()
+
+
+@pytest.fixture
+def pg_schema(pg_server: str) -> Iterator[str]:
+    schema = f"nbq_mig_{uuid.uuid4().hex[:10]}"
+    yield schema
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pg_sql.Identifier(schema)))
+
+
+def postgres_at(server: str, schema: str, version: int) -> None:
+    """A PostgreSQL queue schema as nbqueue left it at schema `version`, holding two jobs."""
+    s = pg_sql.Identifier(schema)
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL("CREATE SCHEMA {}").format(s))
+        for v in range(1, version + 1):
+            for statement in postgres_queries.MIGRATIONS[v]:
+                conn.execute(pg_sql.SQL(statement).format(s=s))  # type: ignore[arg-type]
+        conn.execute(pg_sql.SQL("CREATE TABLE {}.nbqueue_meta (version INTEGER NOT NULL)").format(s))
+        conn.execute(pg_sql.SQL("INSERT INTO {}.nbqueue_meta VALUES (%s)").format(s), (version,))
+        table = pg_sql.SQL("{}.nbqueue_jobs").format(s)
+        conn.execute(pg_sql.SQL(OLD_ROW).format(t=table))  # type: ignore[arg-type]
+
+
+def check_upgraded(q: nbqueue.Queue) -> None:
+    """The old jobs are there, counted, claimable and requeueable on the upgraded schema."""
+    assert q.get(1).payload == {"kept": True}
+    assert q.counts()["pending"] == 1 and q.counts()["dead"] == 1
+    job = q.claim()
+    assert job is not None and job.id == 1
+    q.complete(job, "ok")
+    assert q.requeue(None) == 1
+    assert q.counts() == {**dict.fromkeys(q.counts(), 0), "completed": 1, "pending": 1}
+
+
+@pytest.mark.parametrize("version", range(1, sqlite_queries.SCHEMA_VERSION))
+def test_sqlite_files_of_every_older_version_are_upgraded(tmp_path: Path, version: int) -> None:
+    path = tmp_path / "old.db"
+    sqlite_at(path, version)
+    with nbqueue.Queue(path) as q:
+        check_upgraded(q)
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == sqlite_queries.SCHEMA_VERSION
+    fresh_path = tmp_path / "fresh.db"
+    nbqueue.Queue(fresh_path).close()
+    fresh = sqlite3.connect(fresh_path)
+    assert sqlite_objects(check) == sqlite_objects(fresh)  # upgraded = made new
+    check.close()
+    fresh.close()
+
+
+@pytest.mark.parametrize("version", range(1, postgres_queries.SCHEMA_VERSION))
+def test_postgres_schemas_of_every_older_version_are_upgraded(
+    pg_server: str, pg_schema: str, version: int
+) -> None:
+    postgres_at(pg_server, pg_schema, version)
+    with nbqueue.Queue(f"{pg_server}?schema={pg_schema}") as q:
+        check_upgraded(q)
+    with psycopg.connect(pg_server) as conn:
+        (found,) = conn.execute(
+            pg_sql.SQL("SELECT version FROM {}.nbqueue_meta").format(pg_sql.Identifier(pg_schema))
+        ).fetchone()  # type: ignore[misc]
+    assert found == postgres_queries.SCHEMA_VERSION
+
+
+def test_a_fresh_queue_is_at_the_latest_version_on_both_backends(
+    pg_server: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """Both backends end at the same version with the same tables and indexes: one meaning."""
+    assert sqlite_queries.SCHEMA_VERSION == postgres_queries.SCHEMA_VERSION
+    nbqueue.Queue(tmp_path / "fresh.db").close()
+    nbqueue.Queue(f"{pg_server}?schema={pg_schema}").close()
+    with sqlite3.connect(tmp_path / "fresh.db") as conn:
+        lite = sqlite_objects(conn)
+    with psycopg.connect(pg_server) as conn:
+        rows = conn.execute(
+            "SELECT 'table', tablename FROM pg_tables WHERE schemaname = %s "
+            "UNION ALL SELECT 'index', indexname FROM pg_indexes WHERE schemaname = %s "
+            "AND indexname NOT LIKE '%%_pkey'",
+            (pg_schema, pg_schema),
+        ).fetchall()
+    pg = {(kind, name) for kind, name in rows}
+    # PostgreSQL keeps its counts without a hot row (changes appended, then folded) and
+    # its version in a table; SQLite keeps the version in the file header.
+    assert pg - {("table", "nbqueue_count_changes"), ("table", "nbqueue_meta")} == {
+        (kind, name) for kind, name in lite if kind in ("table", "index")
+    }
+
+
+def sqlite_objects(conn: sqlite3.Connection) -> set[tuple[str, str]]:
+    rows = conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall()
+    return {(kind, name) for kind, name in rows}

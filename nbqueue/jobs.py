@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from .clock import from_us
-from .errors import DamagedJob, InvalidTransition
+from .errors import DamagedJob, InvalidArgument, InvalidTransition
 from .retry import Backoff
 
 
@@ -74,6 +74,16 @@ def check_transition(job_id: int, current: State | str, target: State | str) -> 
     else:
         hint = f"from {current.value} it may become: {', '.join(allowed)}"
     raise InvalidTransition(f"job {job_id} is {current.value}; it cannot become {target.value} ({hint})")
+
+
+def check_claim(job: Job, target: State | None) -> None:
+    """The job must be a claim (running); target=None just checks that."""
+    if not isinstance(job, Job):
+        raise InvalidArgument(f"expected a Job (from claim()), not {type(job).__name__}")
+    if target is None and job.status is not State.RUNNING:
+        raise InvalidTransition(f"job {job.id} is {job.status.value}, not a running claim")
+    if target is not None:
+        check_transition(job.id, job.status, target)
 
 
 @dataclass(frozen=True, slots=True)

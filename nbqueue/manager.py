@@ -11,7 +11,6 @@ worker and the job context all use this door; nothing above it touches storage.
 from __future__ import annotations
 
 import json
-import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -26,10 +25,10 @@ from .errors import (
     InvalidTransition,
     JobNotFound,
     LeaseLost,
-    PayloadError,
 )
-from .jobs import FINISHED, Job, State, Verdict, check_transition, from_row, sources
+from .jobs import FINISHED, Job, State, Verdict, check_claim, check_transition, from_row, sources
 from .options import JobArgs, JobOptions, check_id
+from .payload import call_body, check_output, error_text
 from .retry import Backoff
 from .schedule import Cron, Every
 from .storage import ClaimRequest, Filter, NewJob, Row, Storage
@@ -417,6 +416,10 @@ class JobManager:
         """Wake this process's waiting workers."""
         self.storage.notify()
 
+    def wake(self) -> None:
+        """Wake every waiting worker thread at once (they are asked to stop)."""
+        self.storage.wake()
+
     def result(self, job: Job | int, timeout: float | None = None) -> Any:
         """Wait for one job and return its result; raises JobFailed if it ended dead or cancelled."""
         return waiting.result(self, job, timeout)
@@ -424,47 +427,3 @@ class JobManager:
     def close(self) -> None:
         """Release the storage's connections."""
         self.storage.close()
-
-
-# -- argument checks (each names what was wrong) -----------------------------------
-
-
-def call_body(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-    """A task call's stored payload; a refusal names the argument at fault, as the caller wrote it."""
-    for name in kwargs:
-        if not isinstance(name, str):
-            raise InvalidArgument(f"keyword argument names must be strings, not {name!r}")
-    try:
-        return payload_json.dumps({"args": list(args), "kwargs": kwargs}, "arguments")
-    except PayloadError:
-        for i, value in enumerate(args):
-            payload_json.dumps(value, f"args[{i}]")
-        for name, value in kwargs.items():
-            payload_json.dumps(value, f"kwargs[{name!r}]")
-        raise
-
-
-def check_claim(job: Job, target: State | None) -> None:
-    """The job must be a claim (running); target=None just checks that."""
-    if not isinstance(job, Job):
-        raise InvalidArgument(f"expected a Job (from claim()), not {type(job).__name__}")
-    if target is None and job.status is not State.RUNNING:
-        raise InvalidTransition(f"job {job.id} is {job.status.value}, not a running claim")
-    if target is not None:
-        check_transition(job.id, job.status, target)
-
-
-def check_output(output: object) -> str | None:
-    """A job's captured output: text or None."""
-    if output is not None and not isinstance(output, str):
-        raise InvalidArgument(f"output must be text, not {type(output).__name__}")
-    return output
-
-
-def error_text(error: str | BaseException) -> str:
-    """An error as stored: an exception's whole traceback, or the text given."""
-    if isinstance(error, BaseException):
-        return "".join(traceback.format_exception(error)).rstrip()
-    if not isinstance(error, str):
-        raise InvalidArgument(f"error must be a string or an exception, not {type(error).__name__}")
-    return error

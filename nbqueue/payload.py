@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import traceback
+from collections.abc import Sequence
 from typing import Any
 
-from .errors import PayloadError
+from .errors import InvalidArgument, PayloadError
 
 MAX_BYTES = 16 * 1024 * 1024  # a queue row, not a blob store: pass big data by path or URL
 
@@ -70,3 +72,34 @@ def _find_bad(value: Any, path: str, depth: int = 0) -> str | None:
         f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which is not JSON "
         "(use str, int, float, bool, None, list or dict)"
     )
+
+
+def call_body(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """A task call's stored payload; a refusal names the argument at fault, as the caller wrote it."""
+    for name in kwargs:
+        if not isinstance(name, str):
+            raise InvalidArgument(f"keyword argument names must be strings, not {name!r}")
+    try:
+        return dumps({"args": list(args), "kwargs": kwargs}, "arguments")
+    except PayloadError:
+        for i, value in enumerate(args):
+            dumps(value, f"args[{i}]")
+        for name, value in kwargs.items():
+            dumps(value, f"kwargs[{name!r}]")
+        raise
+
+
+def check_output(output: object) -> str | None:
+    """A job's captured output: text or None."""
+    if output is not None and not isinstance(output, str):
+        raise InvalidArgument(f"output must be text, not {type(output).__name__}")
+    return output
+
+
+def error_text(error: str | BaseException) -> str:
+    """An error as stored: an exception's whole traceback, or the text given."""
+    if isinstance(error, BaseException):
+        return "".join(traceback.format_exception(error)).rstrip()
+    if not isinstance(error, str):
+        raise InvalidArgument(f"error must be a string or an exception, not {type(error).__name__}")
+    return error

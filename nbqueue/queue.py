@@ -18,8 +18,9 @@ from . import tasks as registry
 from .clock import Clock, Duration, seconds, to_us
 from .errors import InvalidArgument
 from .jobs import Job, State, Verdict
-from .manager import JobManager, Periodic, call_body
+from .manager import JobManager, Periodic
 from .options import JobArgs, JobOptions, check_hook, check_name, names, queue_names
+from .payload import call_body
 from .retry import Backoff
 from .storage import ClaimRequest, Filter, open_storage
 from .tasks import Task

@@ -13,15 +13,15 @@ import io
 import json
 import logging
 import os
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import tasks as registry
+from .capture import captured, tail
 from .clock import Duration, seconds, to_us
 from .context import JobContext, running
 from .errors import InvalidArgument, InvalidTransition, LeaseLost, NbqueueError, PayloadError, WaitTimeout
@@ -42,7 +42,6 @@ class _QueueLike(Protocol):
 
 log = logging.getLogger("nbqueue.worker")
 
-MAX_OUTPUT = 64 * 1024  # keep the tail of what a job prints
 IDLE_RECHECK = 0.5  # seconds an idle thread sleeps before re-reading the due time
 WATCH_EVERY = 1.0  # seconds between checks for cancelled jobs and periodic slots
 TIDY_EVERY = 10.0  # seconds between storage housekeeping (PostgreSQL folds its count changes)
@@ -156,7 +155,7 @@ class Worker:
         pending with no retry counted; whatever its handler returns later is refused.
         """
         self._stopping.set()
-        self.manager.notify()
+        self.manager.wake()
         deadline = time.monotonic() + timeout
         for thread in self._threads:  # a runner stuck in a timed-out handler is not waited for
             if thread.name != "nbqueue-keeper" and thread not in self._retired:
@@ -312,7 +311,7 @@ class Worker:
                 if outcome.ending is Ending.RETURNED:
                     outcome = Outcome(Ending.RETURNED, json.loads(outcome.value))
             else:
-                with _captured(buffer), running(context):
+                with captured(buffer), running(context):
                     outcome = Outcome(Ending.RETURNED, handler.fn(*job.args, **job.kwargs))
         except BaseException as exc:  # a handler's failure is the job's, never the worker's
             outcome = Outcome(Ending.RAISED, exc)
@@ -321,7 +320,7 @@ class Worker:
                 owned = self._in_flight.get(job.id) is flight
                 if owned:
                     del self._in_flight[job.id]
-        output = _tail(buffer.getvalue())
+        output = tail(buffer.getvalue())
         if context.cancel.is_set() or outcome.ending is Ending.CANCELLED:
             log.info("job %d stopped: cancelled, timed out or released", job.id)
             return None
@@ -464,56 +463,6 @@ class Worker:
             action()
         except NbqueueError:
             log.exception("worker housekeeping failed")
-
-
-# -- capturing what jobs print ---------------------------------------------------
-
-_capture = threading.local()
-_install_lock = threading.Lock()
-
-
-class _Router(io.TextIOBase):
-    """Stands in for sys.stdout/stderr: a job's thread writes to its buffer, others pass."""
-
-    def __init__(self, target: TextIO) -> None:
-        self.target = target
-
-    def write(self, text: str) -> int:
-        buffer: io.StringIO | None = getattr(_capture, "buffer", None)
-        if buffer is not None:
-            return buffer.write(text)
-        return self.target.write(text)
-
-    def flush(self) -> None:
-        if getattr(_capture, "buffer", None) is None:
-            self.target.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.target, name)
-
-
-class _captured:
-    """Route this thread's prints into `buffer` for the duration."""
-
-    def __init__(self, buffer: io.StringIO) -> None:
-        self.buffer = buffer
-
-    def __enter__(self) -> None:
-        with _install_lock:
-            for name in ("stdout", "stderr"):
-                current = getattr(sys, name)
-                if not isinstance(current, _Router):
-                    setattr(sys, name, _Router(current))
-        _capture.buffer = self.buffer
-
-    def __exit__(self, *exc: object) -> None:
-        _capture.buffer = None
-
-
-def _tail(text: str) -> str | None:
-    if not text:
-        return None
-    return text if len(text) <= MAX_OUTPUT else "...(earlier output cut)\n" + text[-MAX_OUTPUT:]
 
 
 def _last_line(error: object) -> str:

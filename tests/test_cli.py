@@ -184,6 +184,7 @@ def test_python_dash_m_and_console_script_agree(db: str) -> None:
 # -- command line -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_worker_in_process_mode_with_retention(tmp_path: Path) -> None:
     db = str(tmp_path / "jobs.db")
     (tmp_path / "lr_cli_tasks.py").write_text(

@@ -80,6 +80,7 @@ def test_threads_claim_every_job_exactly_once(make_queue: MakeQueue) -> None:
     assert sum(queue.counts().values()) == JOBS
 
 
+@pytest.mark.slow
 def test_processes_claim_every_job_exactly_once(queue_target: str, make_queue: MakeQueue) -> None:
     queue = make_queue()
     ids = queue.enqueue_many([{"n": i} for i in range(JOBS)], queue="bulk")
@@ -137,6 +138,7 @@ CRASHER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
 def test_killed_worker_process_loses_nothing(queue_target: str, make_queue: MakeQueue) -> None:
     queue = make_queue()

@@ -50,8 +50,9 @@ def postgres_at(server: str, schema: str, version: int) -> None:
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(pg_sql.SQL("CREATE SCHEMA {}").format(s))
         for v in range(1, version + 1):
-            for statement in postgres_queries.MIGRATIONS[v]:
-                conn.execute(pg_sql.SQL(statement).format(s=s))  # type: ignore[arg-type]
+            with conn.transaction():  # as nbqueue runs them: one transaction under its lock
+                for statement in postgres_queries.MIGRATIONS[v]:
+                    conn.execute(pg_sql.SQL(statement).format(s=s))  # type: ignore[arg-type]
         conn.execute(pg_sql.SQL("CREATE TABLE {}.nbqueue_meta (version INTEGER NOT NULL)").format(s))
         conn.execute(pg_sql.SQL("INSERT INTO {}.nbqueue_meta VALUES (%s)").format(s), (version,))
         table = pg_sql.SQL("{}.nbqueue_jobs").format(s)

@@ -116,6 +116,7 @@ def test_a_cron_task_is_enqueued_once_per_slot_with_three_workers(
     assert queues[0].counts()["completed"] == 1
 
 
+@pytest.mark.slow
 def test_every_second_with_three_real_workers_enqueues_each_slot_once(tmp_path: Path) -> None:
     """The real clock, on SQLite; both backends race for slots in the two tests above."""
     queues = [Queue(tmp_path / "jobs.db") for _ in range(3)]

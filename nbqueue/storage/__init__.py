@@ -209,6 +209,10 @@ class Storage(Protocol):
         """Wake waiters in this process (after a commit that made work)."""
         ...
 
+    def wake(self) -> None:
+        """Wake every waiter in this process now, also one blocked listening to the server (a stop)."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...

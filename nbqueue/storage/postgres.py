@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -75,6 +76,11 @@ def _insert_params(jobs: Sequence[NewJob]) -> Params:
     return {name: [getattr(j, name) for j in jobs] for name in _NEW_JOB_FIELDS}
 
 
+def _token() -> int:
+    """A client's token for one write, read back if its reply is lost."""
+    return secrets.randbits(62)
+
+
 def _clean(text: str | None) -> str | None:
     """PostgreSQL text cannot hold NUL; error text and output may."""
     return None if text is None else text.replace("\x00", "\\0")
@@ -100,6 +106,11 @@ class PostgresStorage:
         self._listener: psycopg.Connection[Any] | None = None
         self._listen_lock = threading.Lock()
         self.channel = ""
+        # Name the connections (unless the URL does), so a DBA can tell whose they are.
+        given = psycopg.conninfo.conninfo_to_dict(self.conninfo)
+        self._name = (
+            {} if "application_name" in given else {"application_name": f"nbqueue:{self.schema}"[:63]}
+        )
         self._migrate()
 
     # -- connections -----------------------------------------------------------
@@ -115,6 +126,7 @@ class PostgresStorage:
                 autocommit=True,
                 connect_timeout=10,
                 options=f"-c synchronous_commit={commit}",
+                **self._name,  # type: ignore[arg-type]  # psycopg passes other keywords to libpq
             )
             # Every statement names its tables without a schema: the schema is the path.
             conn.execute(pg_sql.SQL("SET search_path TO {}").format(pg_sql.Identifier(self.schema)))
@@ -134,8 +146,18 @@ class PostgresStorage:
                 self._all.append(conn)
         return conn
 
-    def _run(self, work: Callable[[psycopg.Cursor[Any]], T], transaction: bool = False) -> T:
-        """Run `work` (atomic: one statement, or a transaction); a dropped connection is re-made."""
+    def _run(
+        self,
+        work: Callable[[psycopg.Cursor[Any]], T],
+        transaction: bool = False,
+        committed: Callable[[], T | None] | None = None,
+    ) -> T:
+        """Run `work` (atomic: one statement, or a transaction); a dropped connection is re-made.
+
+        When the connection drops, the write may have committed with only its reply lost.
+        `committed` then reads back whether it did (its answer, or None), so that a write is
+        never done twice; without it, `work` must be safe to repeat (a read, a heartbeat).
+        """
         for attempt in range(4):
             conn = self._conn()
             try:
@@ -150,19 +172,33 @@ class PostgresStorage:
                 if not (conn.closed or conn.broken) or attempt == 3:
                     raise _translate(exc, self._where) from exc
                 time.sleep(0.05 * attempt)  # the server went away: connect again
+                if committed is not None and (answer := committed()) is not None:
+                    return answer
             except psycopg.Error as exc:
                 raise _translate(exc, self._where) from exc
         raise StorageError(f"{self._where}: gave up after repeated conflicts")
 
-    def _rows(self, statement: str, params: Params | None = None) -> list[tuple[Any, ...]]:
+    def _rows(
+        self, statement: str, params: Params | None = None, lost: str | None = None
+    ) -> list[tuple[Any, ...]]:
+        """One statement's rows. `lost` reads back, with the same parameters, whether the write
+        committed (its first value true) when the reply was lost; its rows are then the answer."""
+
         def work(cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
             cur.execute(statement, params or {})  # type: ignore[arg-type]  # fixed text, never user input
             return cur.fetchall() if cur.description else []
 
-        return self._run(work)
+        def committed() -> list[tuple[Any, ...]] | None:
+            assert lost is not None
+            rows = self._rows(lost, params)
+            return rows if rows and rows[0][0] else None
 
-    def _one(self, statement: str, params: Params | None = None) -> tuple[Any, ...] | None:
-        rows = self._rows(statement, params)
+        return self._run(work, committed=None if lost is None else committed)
+
+    def _one(
+        self, statement: str, params: Params | None = None, lost: str | None = None
+    ) -> tuple[Any, ...] | None:
+        rows = self._rows(statement, params, lost)
         return rows[0] if rows else None
 
     # -- schema ----------------------------------------------------------------
@@ -214,7 +250,8 @@ class PostgresStorage:
             return [pair for job in jobs for pair in self.insert([job], now)]  # each key answers for itself
         params = {**_insert_params(jobs), "now": now, "channel": self.channel}
         for _ in range(10):  # a held key's job may finish meanwhile: then insert again
-            created = [int(r[0]) for r in self._rows(sql.INSERT, params)]
+            params["token"] = _token()
+            created = [int(r[0]) for r in self._rows(sql.INSERT, params, lost=sql.INSERTED)]
             if len(created) == len(jobs):
                 self.notify()
                 return [(i, True) for i in created]
@@ -232,13 +269,14 @@ class PostgresStorage:
             "tasks": None if where.tasks is None else list(where.tasks),
             "worker": worker_id,
             "lease": lease_us,
+            "token": _token(),
         }
 
     def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
         if request.where.matches_nothing:
             return None
         statement = sql.CLAIM_FROM_ANY_QUEUE if request.where.queues is None else sql.CLAIM_FROM_QUEUES
-        return self._one(statement, {**self._claim_params(request), "now": now})
+        return self._one(statement, {**self._claim_params(request), "now": now}, lost=sql.CLAIMED)
 
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
         row = self._one(sql.HEARTBEAT, {"id": job_id, "attempt": attempt, "lease": lease_us, "now": now})
@@ -261,13 +299,15 @@ class PostgresStorage:
             "now": now,
         }
         if then_claim is None or then_claim.where.matches_nothing:
-            row = self._one(sql.COMPLETE, params)
+            row = self._one(sql.COMPLETE, params, lost=sql.COMPLETED)
             return bool(row and row[0]), None
         if then_claim.where.queues is None:
             statement = sql.COMPLETE_THEN_CLAIM_FROM_ANY_QUEUE
         else:
             statement = sql.COMPLETE_THEN_CLAIM_FROM_QUEUES
-        row = self._one(statement, {**params, **self._claim_params(then_claim)})
+        row = self._one(
+            statement, {**params, **self._claim_params(then_claim)}, lost=sql.COMPLETED_THEN_CLAIMED
+        )
         if row is None or not row[0]:
             return False, None
         return True, None if row[1] is None else row[1:]
@@ -294,11 +334,11 @@ class PostgresStorage:
             "channel": self.channel,
             "wake": status is State.FAILED,
         }
-        return self._one(sql.FAIL_EXPIRED if expired else sql.FAIL, params) is not None
+        return self._one(sql.FAIL_EXPIRED if expired else sql.FAIL, params, lost=sql.FAILED) is not None
 
     def release(self, job_id: int, attempt: int, now: int | None) -> bool:
         params = {"id": job_id, "attempt": attempt, "now": now, "channel": self.channel, "wake": True}
-        released = self._one(sql.RELEASE, params) is not None
+        released = self._one(sql.RELEASE, params, lost=sql.RELEASED) is not None
         if released:
             self.notify()
         return released
@@ -307,14 +347,15 @@ class PostgresStorage:
         return self._one(sql.BURY, {"id": job_id, "error": _clean(error), "now": now}) is not None
 
     def cancel(self, job_ids: Sequence[int], now: int | None) -> list[int]:
-        return sorted(int(r[0]) for r in self._rows(sql.CANCEL, {"ids": list(job_ids), "now": now}))
+        rows = self._rows(sql.CANCEL, {"ids": list(job_ids), "now": now}, lost=sql.CANCELLED)
+        return sorted(int(r[0]) for r in rows)
 
     def requeue(self, job_ids: Sequence[int] | None, now: int | None) -> list[int]:
         params: Params = {"now": now, "channel": self.channel, "wake": True}
         if job_ids is None:
             rows = self._rows(sql.REQUEUE_DEAD, params)
         else:
-            rows = self._rows(sql.REQUEUE_IDS, {**params, "ids": list(job_ids)})
+            rows = self._rows(sql.REQUEUE_IDS, {**params, "ids": list(job_ids)}, lost=sql.REQUEUED)
         moved = sorted(int(r[0]) for r in rows)
         if moved:
             self.notify()
@@ -341,10 +382,14 @@ class PostgresStorage:
             if cur.fetchone() is None:  # another worker moved it first
                 return False
             if job is not None:
-                cur.execute(sql.INSERT, {**_insert_params([job]), "now": now, "channel": self.channel})
+                params = {**_insert_params([job]), "now": now, "channel": self.channel, "token": _token()}
+                cur.execute(sql.INSERT, params)  # type: ignore[arg-type]
             return True
 
-        taken = self._run(work, transaction=True)
+        def committed() -> bool | None:
+            return True if self._one(sql.PERIODIC_MOVED, {"name": name, "slot": slot}) else None
+
+        taken = self._run(work, transaction=True, committed=committed)
         if taken and job is not None:
             self.notify()
         return taken
@@ -450,6 +495,12 @@ class PostgresStorage:
     def notify(self) -> None:
         with self._signal:
             self._signal.notify_all()
+
+    def wake(self) -> None:
+        self.notify()
+        if self._listen_lock.locked():  # a thread waits on the server: a NOTIFY ends its wait
+            with contextlib.suppress(NbqueueError):  # the server is gone: its wait ends anyway
+                self._one(sql.WAKE, {"channel": self.channel})
 
     def close(self) -> None:
         self._closed = True

@@ -21,7 +21,7 @@ from .rules import (
     key_is_free,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
@@ -104,6 +104,13 @@ MIGRATIONS: dict[int, list[str]] = {
         "FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) "
         "EXECUTE FUNCTION {s}.nbqueue_count_change()",
     ],
+    # Tokens the client writes so that, having lost a reply, it can tell whether its write
+    # committed before doing it again (a lost reply must never duplicate or strand a job).
+    4: [
+        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN enqueue_token BIGINT, ADD COLUMN claim_token BIGINT",
+        "CREATE INDEX nbqueue_enqueue_token ON {s}.nbqueue_jobs (enqueue_token) "
+        "WHERE enqueue_token IS NOT NULL",
+    ],
 }
 
 SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
@@ -133,6 +140,7 @@ def _pick(waiting: str, gate: str = "") -> str:
 
 TAKE = (
     "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = %(worker)s, "
+    "claim_token = %(token)s, "
     "lease_until = c.now + %(lease)s, lease_us = %(lease)s, started_at = c.now, updated_at = c.now, "
     "progress_done = NULL, progress_total = NULL, progress_message = NULL "
     f"FROM c WHERE id = (SELECT id FROM pick) {RETURNING_JOB}"
@@ -183,14 +191,30 @@ INSERT = (
     "%(delay_us)s::bigint[], %(run_at_us)s::bigint[], %(timeout)s::float8[], %(backoff)s::text[]) "
     f"WITH ORDINALITY AS r({_NEW_COLUMNS}, n)), "
     "ins AS (INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, "
-    "created_at, updated_at, timeout, backoff) SELECT 'pending', queue, task, payload, priority, key, "
-    "max_retries, coalesce(run_at_us, c.now + delay_us), c.now, c.now, timeout, backoff "
-    "FROM new, c ORDER BY n "
+    "created_at, updated_at, timeout, backoff, enqueue_token) SELECT 'pending', queue, task, payload, "
+    "priority, key, max_retries, coalesce(run_at_us, c.now + delay_us), c.now, c.now, timeout, backoff, "
+    "%(token)s FROM new, c ORDER BY n "
     f"ON CONFLICT (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL} DO NOTHING RETURNING id), "
     "woke AS (SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT 1 FROM ins)) "
     "SELECT id FROM ins, (SELECT count(*) FROM woke) w ORDER BY id"
 )
 HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = %(key)s AND {UNFINISHED_SQL}"
+
+# After a lost reply: did the write commit? Each reads back what its write leaves behind, with
+# the same parameters; a first value that is true means it did (and is the write's answer).
+INSERTED = "SELECT id FROM nbqueue_jobs WHERE enqueue_token = %(token)s ORDER BY id"
+CLAIMED = f"{SELECT_JOBS} WHERE status = 'running' AND claim_token = %(token)s"
+COMPLETED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'completed'"
+COMPLETED_THEN_CLAIMED = (
+    f"SELECT ({COMPLETED}), next.* FROM (SELECT 1) one LEFT JOIN ({CLAIMED}) next ON TRUE"
+)
+FAILED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = %(status)s"
+RELEASED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'pending'"
+CANCELLED = "SELECT id FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled'"
+REQUEUED = (
+    "SELECT id, 0 FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'pending' AND retries = 0"
+)
+PERIODIC_MOVED = "SELECT 1 FROM nbqueue_periodic WHERE name = %(name)s AND last_slot = %(slot)s"
 
 HEARTBEAT = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET lease_until = c.now + coalesce(%(lease)s, lease_us), "
@@ -293,3 +317,4 @@ ROWS = {
 }
 
 SERVER_TIME = f"SELECT {SERVER_NOW}"
+WAKE = "SELECT pg_notify(%(channel)s, '')"

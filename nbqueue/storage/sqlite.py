@@ -467,6 +467,9 @@ class SQLiteStorage:
         with self._signal:
             self._signal.notify_all()
 
+    def wake(self) -> None:
+        self.notify()
+
     def close(self) -> None:
         self._closed = True
         with self._all_lock:

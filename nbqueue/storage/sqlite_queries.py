@@ -19,7 +19,7 @@ from .rules import (
     key_is_free,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 NEXT_DUE_SCAN = 10_000  # claim-index entries per queue read to find the earliest due job
 
@@ -87,6 +87,13 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE nbqueue_jobs ADD COLUMN progress_total REAL;
     ALTER TABLE nbqueue_jobs ADD COLUMN progress_message TEXT;
     CREATE TABLE nbqueue_periodic (name TEXT PRIMARY KEY, last_slot INTEGER NOT NULL) WITHOUT ROWID;
+    """,
+    # Tokens a client writes so that it can tell, after losing a reply, whether its write
+    # committed. A PostgreSQL client can lose a reply; a SQLite one cannot and leaves them empty.
+    4: """
+    ALTER TABLE nbqueue_jobs ADD COLUMN enqueue_token INTEGER;
+    ALTER TABLE nbqueue_jobs ADD COLUMN claim_token INTEGER;
+    CREATE INDEX nbqueue_enqueue_token ON nbqueue_jobs (enqueue_token) WHERE enqueue_token IS NOT NULL;
     """,
 }
 

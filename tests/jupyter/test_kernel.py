@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from jupyter_client.manager import KernelManager, start_new_kernel
 
+pytestmark = pytest.mark.slow  # run by make test, not make test-fast
+
 from nbqueue import Queue, State
 from tests.helpers import wait_until
 

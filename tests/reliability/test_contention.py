@@ -17,7 +17,7 @@ import pytest
 
 import nbqueue
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX processes")
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="POSIX processes"), pytest.mark.slow]
 
 PRODUCERS = CONSUMERS = 4
 JOBS = procs.soak(default=20_000, soaked=100_000)

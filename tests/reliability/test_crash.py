@@ -20,7 +20,7 @@ import pytest
 import nbqueue
 from tests.helpers import wait_until
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX"), pytest.mark.slow]
 
 KILLS = procs.soak(default=50, soaked=500)
 BATCH_ROUNDS = procs.soak(default=3, soaked=12)

@@ -109,6 +109,7 @@ def records() -> Iterator[Records]:
 # -- the file becomes read-only under a running worker -------------------------------------
 
 
+@pytest.mark.slow
 def test_read_only_file_under_a_running_worker_loses_nothing(tmp_path: Path) -> None:
     path = tmp_path / "jobs.db"
     q = Queue(path)
@@ -143,6 +144,7 @@ def test_read_only_file_under_a_running_worker_loses_nothing(tmp_path: Path) -> 
         q.close()
 
 
+@pytest.mark.slow
 def test_worker_backs_off_while_the_database_cannot_be_written(tmp_path: Path, records: Records) -> None:
     """A worker whose claims keep failing must wait between tries, not spin logging tracebacks.
 

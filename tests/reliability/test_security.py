@@ -277,6 +277,7 @@ def wait_for_banner(proc: subprocess.Popen[str]) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_cli_worker_without_allow_code_leaves_code_jobs_alone(tmp_path: Path, cli_worker: Any) -> None:
     sentinel = tmp_path / "ran"
     db = tmp_path / "jobs.db"
@@ -291,6 +292,7 @@ def test_cli_worker_without_allow_code_leaves_code_jobs_alone(tmp_path: Path, cl
     assert not sentinel.exists()
 
 
+@pytest.mark.slow
 def test_cli_worker_with_allow_code_runs_code_jobs(tmp_path: Path, cli_worker: Any) -> None:
     sentinel = tmp_path / "ran"
     db = tmp_path / "jobs.db"

@@ -23,7 +23,7 @@ def register_cell_task(producer: Producer, namespace: dict[str, Any] | None = No
         scope = namespace if namespace is not None else {"__name__": "__nbqueue_cell__"}
         return execute(code, scope, filename=f"<nbqueue cell {name}>")
 
-    task: Task[Any, Any] = Task(fn=run_cell, name=CELL_TASK, producer=producer, opt_in=True)
+    task: Task[Any, Any] = Task(fn=run_cell, name=CELL_TASK, producer=producer, opt_in=True, signed=True)
     register(task)
     return task
 

@@ -14,9 +14,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .clock import MAX_SECONDS
 from .errors import NbqueueError
 from .jobs import State
 from .queue import Queue
+from .targets import ENVIRONMENT, mask_in, redact
 
 COMMANDS = {
     "worker": "run jobs until SIGINT/SIGTERM (the running job finishes or is released)",
@@ -53,7 +55,12 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cmd = {name: sub.add_parser(name, help=text, description=text) for name, text in COMMANDS.items()}
     for p in cmd.values():
-        p.add_argument("database", help="the queue: a SQLite file path or a postgresql:// URL")
+        p.add_argument(
+            "database",
+            nargs="?",
+            default=None,
+            help="the queue: a SQLite file path or a postgresql:// URL (default: $NBQUEUE_URL)",
+        )
     w = cmd["worker"]
     w.add_argument(
         "--import",
@@ -124,12 +131,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         top.error("--concurrency must be at least 1")
     if args.command == "jobs" and args.limit < 0:
         top.error("--limit must be 0 or more")
+    if args.command == "worker" and args.grace > MAX_SECONDS:
+        top.error("--grace must be under a century")
+    if args.database is None and not os.environ.get(ENVIRONMENT):
+        top.error(f"give the queue (a SQLite file or a postgresql:// URL), or set {ENVIRONMENT}")
     try:
         with Queue(args.database) as queue:
             return int(_COMMANDS[args.command](queue, args) or 0)
     except NbqueueError as exc:
-        where = "" if str(args.database) in str(exc) else f"{args.database}: "
-        print(f"nbqueue: error: {where}{exc}", file=sys.stderr)
+        shown = redact(args.database or "")
+        message = mask_in(str(exc), args.database) if args.database else str(exc)
+        where = "" if not shown or shown in message else f"{shown}: "
+        print(f"nbqueue: error: {where}{message}", file=sys.stderr)
         return 1
 
 
@@ -168,7 +181,7 @@ def _worker(queue: Queue, args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     worker.start()
     print(
-        f"nbqueue worker {worker.worker_id} on {args.database}: "
+        f"nbqueue worker {worker.worker_id} on {queue}: "
         f"{len(registry.names())} task(s), concurrency {args.concurrency}; Ctrl-C stops",
         file=sys.stderr,
         flush=True,

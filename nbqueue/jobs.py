@@ -6,7 +6,7 @@ import html
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -164,6 +164,8 @@ class Job:
     progress_done: float | None = None
     progress_total: float | None = None
     progress_message: str | None = None
+    #: Set on jobs queued by a notebook's magics (nbqueue.signing): proof of who queued them.
+    signature: str | None = field(default=None, repr=False)
     _source: JobSource | None = field(default=None, repr=False)
 
     @property
@@ -284,6 +286,7 @@ COLUMNS = (
     "progress_done",
     "progress_total",
     "progress_message",
+    "signature",
 )
 
 
@@ -323,10 +326,43 @@ def from_row(row: Sequence[Any]) -> Job:
             progress_done=row[22],
             progress_total=row[23],
             progress_message=row[24],
+            signature=row[25],
         )
     except Exception as exc:  # RecursionError, TypeError, ValueError, OverflowError ...: all damage
         name = type(exc).__name__
         raise DamagedJob(f"job {row[0]}: its stored row cannot be read ({name}: {str(exc)[:200]})") from None
+
+
+def listed(row: Sequence[Any]) -> Job:
+    """A stored row as a Job for a listing: a damaged row shows what can be read of it (its
+    damage in `error`), so one bad row never hides the others."""
+    try:
+        return from_row(row)
+    except DamagedJob as exc:
+        damage = str(exc)
+
+    def number(value: Any) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    def moment(value: Any) -> datetime:
+        return from_us(number(value)) or datetime.fromtimestamp(0, UTC)
+
+    return Job(
+        id=number(row[0]),
+        status=State(row[1]),  # a CHECK constraint keeps this column sound
+        queue=str(row[2]),
+        task=None if row[3] is None else str(row[3]),
+        payload=None,
+        priority=number(row[5]),
+        key=None if row[6] is None else str(row[6]),
+        retries=number(row[7]),
+        max_retries=number(row[8]),
+        attempts=number(row[9]),
+        error=f"{damage}\n{row[10] or ''}".strip(),
+        run_at=moment(row[11]),
+        created_at=moment(row[12]),
+        updated_at=moment(row[13]),
+    )
 
 
 def _integer(value: Any) -> int:

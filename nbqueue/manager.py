@@ -11,13 +11,14 @@ worker and the job context all use this door; nothing above it touches storage.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from . import payload as payload_json
-from . import policy, waiting
+from . import policy, signing, waiting
 from .clock import Clock, from_us, system_clock, to_us, utc_seconds
 from .errors import (
     DamagedJob,
@@ -26,13 +27,15 @@ from .errors import (
     JobNotFound,
     LeaseLost,
 )
-from .jobs import FINISHED, Job, State, Verdict, check_claim, check_transition, from_row, sources
+from .jobs import FINISHED, Job, State, Verdict, check_claim, check_transition, from_row, listed, sources
 from .options import JobArgs, JobOptions, check_id
 from .payload import call_body, check_output, error_text
 from .retry import Backoff
 from .schedule import Cron, Every
 from .storage import ClaimRequest, Filter, NewJob, Row, Storage
 from .tasks import Task
+
+log = logging.getLogger("nbqueue.manager")
 
 RECOVER_BATCH = 500
 BURY_RETRIES = 20  # damaged rows buried in a row before a claim gives up for now
@@ -86,7 +89,9 @@ class JobManager:
     ) -> Job:
         """Queue `task(*args, **kwargs)` with the task's options, some replaced by `options`."""
         chosen = task.options.but(options)
-        return self._insert_one(self._new_job(task.name, call_body(args, kwargs), chosen, task.backoff))
+        body = call_body(args, kwargs)
+        signature = signing.sign(task.name, body) if task.signed else None
+        return self._insert_one(self._new_job(task.name, body, chosen, task.backoff, signature))
 
     def enqueue_payload(self, payload: Any, options: JobArgs) -> Job:
         """Queue a raw JSON payload job."""
@@ -106,7 +111,17 @@ class JobManager:
         ]
         return [job_id for job_id, _ in self.storage.insert(news, self.stamp())] if news else []
 
-    def _new_job(self, task: str | None, body: str, options: JobOptions, backoff: Backoff | None) -> NewJob:
+    def _new_job(
+        self,
+        task: str | None,
+        body: str,
+        options: JobOptions,
+        backoff: Backoff | None,
+        signature: str | None = None,
+    ) -> NewJob:
+        policy_text = (
+            self._default_backoff if backoff is None else payload_json.dumps(backoff.to_dict(), "backoff")
+        )
         return NewJob(
             queue=options.queue,
             task=task,
@@ -117,9 +132,8 @@ class JobManager:
             delay_us=to_us(options.delay or 0.0),
             run_at_us=None if options.run_at is None else to_us(utc_seconds(options.run_at, "run_at")),
             timeout=options.timeout,
-            backoff=self._default_backoff
-            if backoff is None
-            else payload_json.dumps(backoff.to_dict(), "backoff"),
+            backoff=policy_text,
+            signature=signature,
         )
 
     def _insert_one(self, new: NewJob) -> Job:
@@ -152,6 +166,7 @@ class JobManager:
             updated_at=stamp,
             timeout=new.timeout,
             backoff=Backoff.from_dict(json.loads(new.backoff)),
+            signature=new.signature,
         ).attach(self)
 
     # -- claims and their outcomes ---------------------------------------------
@@ -162,18 +177,29 @@ class JobManager:
             row = self.storage.claim(request, self.stamp())
             if row is None:
                 return None
-            job = self._decode_claimed(row)
+            job = self._decode_claimed(row, request)
             if job is not None:
                 return job
         return None
 
-    def _decode_claimed(self, row: Row) -> Job | None:
-        """A claimed row as a Job; a damaged one is buried (dead, with why) so it never blocks the queue."""
+    def _decode_claimed(self, row: Row, request: ClaimRequest) -> Job | None:
+        """A claimed row as a Job, or None if it may not run here.
+
+        A damaged row is buried (dead, with why) so it never blocks the queue. A job of a
+        signed task whose signature does not verify goes back to pending, unsigned, with why:
+        it was not queued by this user's process, and it never runs.
+        """
         try:
-            return from_row(row).attach(self)
+            job = from_row(row).attach(self)
         except DamagedJob as exc:
             self.storage.bury(int(row[0]), str(exc), self.stamp())
             return None
+        signed = request.where.signed or ()
+        if job.task in signed and not signing.verify(job.task, row[4], job.signature):
+            log.warning("job %d of task %s is not signed by this user: refused", job.id, job.task)
+            self.storage.refuse(job.id, job.attempts, policy.NOT_SIGNED, self.stamp())
+            return None
+        return job
 
     def heartbeat(self, job: Job, lease_us: int | None = None) -> Job:
         """Extend a running claim's lease (None: by the claim's own lease)."""
@@ -199,7 +225,9 @@ class JobManager:
         finished = from_us(now if now is not None else to_us(system_clock()))
         assert finished is not None
         job.finished_at = job.updated_at = finished
-        return None if following is None else self._decode_claimed(following)
+        if following is None or then_claim is None:
+            return None
+        return self._decode_claimed(following, then_claim)
 
     def fail(
         self, job: Job, error: str | BaseException, output: str | None = None, retry: bool = True
@@ -295,9 +323,9 @@ class JobManager:
             job = None
             if slot.enqueue:
                 options = task.options.but({"key": f"periodic:{task.name}:{slot.at.isoformat()}"})
-                job = self._new_job(
-                    task.name, call_body(periodic.args, periodic.kwargs), options, task.backoff
-                )
+                body = call_body(periodic.args, periodic.kwargs)
+                signature = signing.sign(task.name, body) if task.signed else None
+                job = self._new_job(task.name, body, options, task.backoff, signature)
             slot_us = to_us(slot.at.timestamp())
             if self.storage.periodic_advance(task.name, last, slot_us, job, self.stamp()) and slot.enqueue:
                 enqueued.append(task.name)
@@ -385,13 +413,33 @@ class JobManager:
         """A page of raw rows, newest first (for DataFrames, which must show damaged rows too)."""
         return self.storage.rows(statuses, queue, limit, offset)
 
-    def jobs(self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int) -> list[Job]:
-        """A page of jobs, newest first."""
-        return self._decode_all(self.rows(statuses, queue, limit, offset))
+    def jobs(
+        self,
+        statuses: Sequence[State] | None,
+        queue: str | None,
+        limit: int,
+        offset: int,
+        brief: bool = False,
+    ) -> list[Job]:
+        """A page of jobs, newest first; a damaged row is listed as what can be read of it."""
+        rows = self.storage.rows(statuses, queue, limit, offset, brief)
+        return [listed(row).attach(self) for row in rows]
 
-    def task_names(self, statuses: Sequence[State]) -> list[str]:
-        """The task names of jobs in `statuses`."""
-        return self.storage.task_names(statuses)
+    def task_names(self, statuses: Sequence[State], signed: bool = False) -> list[str]:
+        """The task names of jobs in `statuses` (with `signed`, only of jobs that carry a signature)."""
+        return self.storage.task_names(statuses, signed)
+
+    def approve(self, job_ids: Sequence[int]) -> int:
+        """Sign jobs with this user's secret, so that signed tasks run them; how many were signed."""
+        signed = 0
+        for job_id in job_ids:
+            row = self.storage.get(check_id(job_id))
+            if row is None:
+                raise JobNotFound(f"no job with id {job_id}")
+            if row[3] is None:
+                raise InvalidArgument(f"job {job_id} is a raw payload job; only task jobs are signed")
+            signed += self.storage.sign(int(row[0]), row[4], signing.sign(row[3], row[4]))
+        return signed
 
     def next_due(self, where: Filter) -> int | None:
         """The earliest run_at of a job the filter allows (None: nothing waits)."""

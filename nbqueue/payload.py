@@ -11,6 +11,7 @@ from typing import Any
 from .errors import InvalidArgument, PayloadError
 
 MAX_BYTES = 16 * 1024 * 1024  # a queue row, not a blob store: pass big data by path or URL
+MAX_TEXT = 64 * 1024  # an error or a job's output as stored: its head and its tail
 
 
 def dumps(value: Any, field: str) -> str:
@@ -31,10 +32,15 @@ def dumps(value: Any, field: str) -> str:
     return text
 
 
-def text(value: str | None) -> str | None:
-    """Free text for storage (an error, a job's output): anything unencodable is escaped."""
+def text(value: str | None, limit: int = MAX_TEXT) -> str | None:
+    """Free text for storage (an error, a job's output): anything unencodable is escaped, and
+    text over `limit` characters keeps its head and its tail (a traceback's first frames and
+    its exception) around a note of what was cut."""
     if value is None:
         return None
+    if len(value) > limit:
+        head, tail = limit // 4, limit - limit // 4
+        value = f"{value[:head]}\n...({len(value) - limit:,} characters cut)...\n{value[-tail:]}"
     return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 

@@ -67,6 +67,10 @@ def due_slot(schedule: Every | Cron, now: datetime, last_us: int | None) -> Slot
 
 
 LEASE_EXPIRED = "lease expired (the worker stopped heartbeating: crashed, killed or hung)"
+NOT_SIGNED = (
+    "not run: this job is not signed by this notebook's user (it was written by another process, or "
+    "altered); it stays pending. If you trust it, q.approve(job_id) signs it and it runs."
+)
 
 
 def lease_lost_reason(claim: Job, current: Job | None) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, Unpack, overload
 
-from . import frames, waiting
+from . import frames, targets, waiting
 from . import schedule as schedules
 from . import tasks as registry
 from .clock import Clock, Duration, seconds, to_us
@@ -37,7 +37,9 @@ class Queue:
     """A durable job queue in one SQLite file (or a PostgreSQL database).
 
     Args:
-        target: a file path (created if missing) or a ``postgresql://`` URL.
+        target: a file path (created if missing) or a ``postgresql://`` URL; None (or left
+            out) takes the one the ``NBQUEUE_URL`` environment variable names, so a notebook
+            need not hold a password. Wherever the queue is shown, a password is masked.
         backoff: the retry policy for raw payload jobs and tasks without their own.
         synchronous: ``"normal"`` survives process and kernel crashes; ``"full"``
             also fsyncs every commit, so it survives power loss.
@@ -46,7 +48,7 @@ class Queue:
 
     def __init__(
         self,
-        target: str | os.PathLike[str],
+        target: str | os.PathLike[str] | None = None,
         *,
         backoff: Backoff | None = None,
         synchronous: Literal["normal", "full"] = "normal",
@@ -54,7 +56,7 @@ class Queue:
     ) -> None:
         if backoff is not None and not isinstance(backoff, Backoff):
             raise InvalidArgument(f"backoff must be an nbqueue.Backoff, not {type(backoff).__name__}")
-        self.target = os.fspath(target) if isinstance(target, os.PathLike) else target
+        self.target = targets.resolve(target)
         #: The door to storage that the Queue, its workers and the job context share.
         self.manager = JobManager(open_storage(self.target, synchronous=synchronous), clock, backoff)
 
@@ -91,6 +93,7 @@ class Queue:
         timeout: Duration | None = None,
         on_complete: Callable[[Job], object] | None = None,
         on_dead: Callable[[Job], object] | None = None,
+        signed: bool = False,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -106,13 +109,16 @@ class Queue:
         timeout: Duration | None = None,
         on_complete: Callable[[Job], object] | None = None,
         on_dead: Callable[[Job], object] | None = None,
+        signed: bool = False,
     ) -> Any:
         """Register a function as a task: ``@q.task`` or ``@q.task(max_retries=5, ...)``.
 
         The name defaults to the function's module-qualified name. Registration is
         process-wide: any worker in this process runs the task, whatever Queue it works.
         `on_complete(job)` and `on_dead(job)` run in the worker after the outcome is
-        committed; an error in a hook is logged, never lost silently.
+        committed; an error in a hook is logged, never lost silently. With `signed=True`
+        the task runs only jobs that a process of this user queued (they are signed with a
+        secret only this user can read); any other row naming it stays pending.
         """
         options = JobOptions(
             queue=queue, priority=priority, max_retries=max_retries, timeout=seconds(timeout, "timeout")
@@ -126,7 +132,14 @@ class Queue:
                 raise InvalidArgument(f"@task decorates a function, not {f!r}")
             task_name = check_name(name if name is not None else registry.default_name(f), "task name")
             task: Task[Any, Any] = Task(
-                f, task_name, self.manager, options, backoff, on_complete=hooks[0], on_dead=hooks[1]
+                f,
+                task_name,
+                self.manager,
+                options,
+                backoff,
+                on_complete=hooks[0],
+                on_dead=hooks[1],
+                signed=signed,
             )
             registry.register(task)
             return task
@@ -241,6 +254,11 @@ class Queue:
         """
         return self.manager.requeue(None if job_ids is None else waiting.job_ids(job_ids))
 
+    def approve(self, job_ids: int | Job | Iterable[int | Job]) -> int:
+        """Sign jobs you trust with your secret, so that a signed task (a notebook's code jobs,
+        `@q.task(signed=True)`) runs them although another process queued them. How many."""
+        return self.manager.approve(waiting.job_ids(job_ids))
+
     def delete(self, job_ids: int | Job | Iterable[int | Job]) -> int:
         """Delete finished (completed, dead or cancelled) jobs; returns how many."""
         return self.manager.delete(waiting.job_ids(job_ids))
@@ -274,9 +292,14 @@ class Queue:
         queue: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        brief: bool = False,
     ) -> list[Job]:
-        """A page of jobs, newest first."""
-        return self.manager.jobs(*_page(status, queue, limit, offset))
+        """A page of jobs, newest first.
+
+        `brief=True` reads only what a listing shows: no payload, result or output, and the
+        last 2,000 characters of the error; `get(id)` then reads one job whole.
+        """
+        return self.manager.jobs(*_page(status, queue, limit, offset), brief=brief)
 
     def history(
         self, status: str | Sequence[str] | None = None, queue: str | None = None, limit: int = 1000
@@ -326,10 +349,10 @@ class Queue:
         self.close()
 
     def __repr__(self) -> str:
-        return f"nbqueue.Queue({self.target!r})"
+        return f"nbqueue.Queue({str(self)!r})"
 
     def __str__(self) -> str:
-        return str(self.target)
+        return targets.redact(self.target)
 
     def _repr_html_(self) -> str:
         counts = self.counts()

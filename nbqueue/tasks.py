@@ -41,6 +41,7 @@ class Task(Generic[P, R]):
     options: JobOptions = field(default_factory=JobOptions)
     backoff: Backoff | None = None
     opt_in: bool = False  # run only by workers that allow it by name (notebook code jobs)
+    signed: bool = False  # run only jobs this user's processes queued (nbqueue.signing)
     on_complete: Callable[[Job], object] | None = None  # called after the outcome is committed
     on_dead: Callable[[Job], object] | None = None
 
@@ -133,6 +134,12 @@ def runnable(allow: Collection[str] = ()) -> tuple[str, ...]:
     """Task names a worker may take: every task except opt-in ones not in `allow`."""
     with _registry_lock:
         return tuple(name for name, task in _registry.items() if not task.opt_in or name in allow)
+
+
+def signed_names() -> tuple[str, ...]:
+    """The registered tasks that run only jobs signed by this user."""
+    with _registry_lock:
+        return tuple(name for name, task in _registry.items() if task.signed)
 
 
 def names() -> tuple[str, ...]:

@@ -231,7 +231,8 @@ class Worker:
     # -- the loop --------------------------------------------------------------
 
     def _filter(self) -> Filter:
-        return Filter(self.queues, self.tasks if self.tasks is not None else registry.runnable(self.allow))
+        tasks = self.tasks if self.tasks is not None else registry.runnable(self.allow)
+        return Filter(self.queues, tasks, registry.signed_names())
 
     def _request(self) -> ClaimRequest:
         return ClaimRequest(self._filter(), self.worker_id, to_us(self.lease))

@@ -7,6 +7,7 @@ parametrise `queue_target` and run the same contract tests.
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +20,12 @@ import nbqueue
 from nbqueue import tasks
 
 MakeQueue = Callable[..., nbqueue.Queue]
+
+# Signed jobs (nbqueue.signing) use a secret of the test run, never the developer's own;
+# child processes and kernels started by the tests inherit it.
+os.environ.setdefault(
+    "NBQUEUE_SECRET_FILE", os.path.join(tempfile.mkdtemp(prefix="nbqueue-secret-"), "secret")
+)
 
 
 @pytest.fixture(autouse=True)

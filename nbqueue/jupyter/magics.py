@@ -19,6 +19,7 @@ from ..errors import NbqueueError
 from ..jobs import UNFINISHED, Job, State
 from ..options import FLAGS, from_flags
 from ..queue import Queue
+from ..targets import ENVIRONMENT
 from ..tasks import Task
 from ..worker import Worker
 
@@ -50,8 +51,10 @@ class Session:
         return self.queue
 
     def current(self) -> Queue:
-        """The open queue; the first use opens nbqueue.db beside the notebook."""
-        return self.queue if self.queue is not None else self.open(DEFAULT_FILE)
+        """The open queue; the first use opens $NBQUEUE_URL, or else nbqueue.db beside the notebook."""
+        if self.queue is not None:
+            return self.queue
+        return self.open(os.environ.get(ENVIRONMENT) or DEFAULT_FILE)
 
     def start_worker(self, concurrency: int, queues: list[str] | None, lease: float) -> Worker:
         queue = self.current()
@@ -70,11 +73,11 @@ class Session:
         enough for the new worker to take the old jobs back.
         """
         adopted = []
-        for name in self.current().manager.task_names(UNFINISHED):
+        for name in self.current().manager.task_names(UNFINISHED, signed=True):
             fn = self.shell.user_ns.get(name)
             if name in registry.names() or isinstance(fn, Task) or not callable(fn):
                 continue
-            self.current().task(name=name)(_LatestDefinition(self.shell.user_ns, name, fn))
+            self.current().task(name=name, signed=True)(_LatestDefinition(self.shell.user_ns, name, fn))
             adopted.append(name)
         return adopted
 
@@ -314,7 +317,7 @@ class NbqueueMagics(Magics):
         # notebook and requeueing a dead job runs the fixed code.
         task_name = getattr(fn, "__name__", name)
         handler = _LatestDefinition(self.shell.user_ns, name if name.isidentifier() else "", fn)
-        task: Task[Any, Any] = self.session.current().task(name=task_name)(handler)
+        task: Task[Any, Any] = self.session.current().task(name=task_name, signed=True)(handler)
         return task
 
     def _schedule(

@@ -30,6 +30,7 @@ COLOURS = {
     State.CANCELLED: "#adb5bd",
 }
 ALL = "all"
+DETAIL_LIMIT = 20_000  # characters of a payload, result, error or output the detail pane shows
 NO_JOB = "choose a job…"
 
 
@@ -81,20 +82,20 @@ def jobs_table(jobs: list[Job]) -> str:
     )
     rows = []
     for job in jobs:
+        # Every value is escaped, whatever its column: a row written by hand may hold anything.
         cells = (
-            str(job.id),
-            job.task or "(payload)",
-            job.queue,
+            html.escape(str(job.id)),
+            html.escape(job.task or "(payload)"),
+            html.escape(job.queue),
             f"<span style='color:{COLOURS[job.status]};font-weight:600'>{job.status.value}</span>",
-            f"{job.attempts}",
-            _when(job),
+            html.escape(str(job.attempts)),
+            html.escape(_when(job)),
             _progress_cell(job),
             _error_cell(job),
         )
-        escaped = [html.escape(c) if i in (1, 2) else c for i, c in enumerate(cells)]
         rows.append(
-            f"<tr data-job-id='{job.id}'>"
-            + "".join(f"<td style='text-align:left;padding:2px 8px'>{c}</td>" for c in escaped)
+            f"<tr data-job-id='{html.escape(str(job.id))}'>"
+            + "".join(f"<td style='text-align:left;padding:2px 8px'>{c}</td>" for c in cells)
             + "</tr>"
         )
     body = "".join(rows) or "<tr><td colspan='8' style='padding:2px 8px'><i>no jobs</i></td></tr>"
@@ -109,6 +110,8 @@ def job_detail(job: Job | None) -> str:
     def block(title: str, text: str | None) -> str:
         if not text:
             return ""
+        if len(text) > DETAIL_LIMIT:  # a page, not a dump: the start, and how much more there is
+            text = f"{text[:DETAIL_LIMIT]}\n... ({len(text) - DETAIL_LIMIT:,} more characters)"
         return (
             f"<div><b>{title}</b><pre style='white-space:pre-wrap;max-height:16em;overflow:auto;"
             f"background:#f6f8fa;padding:6px'>{html.escape(text)}</pre></div>"
@@ -191,10 +194,11 @@ class JobBoard(_LiveView):
         self.page_size = page_size
         self.page = 0
         self._updating = False
+        self._detail_key: tuple[int, object] | None = None
         self.counts: dict[str, int] = {}
         self.rows: list[Job] = []
         self.title = widgets.HTML(
-            f"<b>nbqueue</b> <code>{html.escape(str(queue.target))}</code>", layout={"margin": "0"}
+            f"<b>nbqueue</b> <code>{html.escape(str(queue))}</code>", layout={"margin": "0"}
         )
         self.counts_html = widgets.HTML()
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="done", bar_style="success")
@@ -255,7 +259,7 @@ class JobBoard(_LiveView):
             matching = sum(counts.values()) if status is None else counts[status]
             pages = max(1, -(-matching // self.page_size))
             self.page = min(self.page, pages - 1)
-            rows = self.queue.jobs(status, queue, self.page_size, self.page * self.page_size)
+            rows = self.queue.jobs(status, queue, self.page_size, self.page * self.page_size, brief=True)
             names = [ALL, *self.queue.queues()]
             if queue and queue not in names:
                 names.append(queue)
@@ -295,6 +299,11 @@ class JobBoard(_LiveView):
 
     def _show_detail(self) -> None:
         job_id = self.job_select.value
+        listed = next((j for j in self.rows if j.id == job_id), None)
+        key = (job_id, None if listed is None else listed.updated_at)
+        if key == self._detail_key:  # unchanged: the whole job is read only when it changes
+            return
+        self._detail_key = key
         try:
             job = self.queue.get(job_id) if job_id else None
         except NbqueueError:
@@ -330,6 +339,7 @@ class DeadLetterView(_LiveView):
         self.queue_name = queue_name
         self.limit = limit
         self.jobs: list[Job] = []
+        self._detail_key: tuple[int | None, object] | None = None
         self.header = widgets.HTML()
         self.select = widgets.SelectMultiple(
             options=[], rows=3, description="select", layout={"width": "auto", "min_width": "50%"}
@@ -362,12 +372,12 @@ class DeadLetterView(_LiveView):
 
     def refresh(self) -> None:
         with self._lock:
-            jobs = self.queue.jobs(State.DEAD, self.queue_name, self.limit)
+            jobs = self.queue.jobs(State.DEAD, self.queue_name, self.limit, brief=True)
             total = self.queue.counts(self.queue_name)["dead"]
             self.jobs = jobs
             self.header.value = (
                 f"<b>dead letters</b> <span class='nbqueue-dead-count' data-count='{total}'>{total}</span>"
-                f" in <code>{html.escape(str(self.queue.target))}</code>"
+                f" in <code>{html.escape(str(self.queue))}</code>"
                 + (f" (showing the newest {len(jobs)})" if total > len(jobs) else "")
             )
             options = [(f"#{j.id} {j.task or 'payload'}: {_last_line(j.error)[:70]}", j.id) for j in jobs]
@@ -386,7 +396,15 @@ class DeadLetterView(_LiveView):
         chosen = list(self.select.value)
         for button in (self.requeue_selected, self.delete_selected):
             button.disabled = not chosen
-        job = next((j for j in self.jobs if chosen and j.id == chosen[0]), None)
+        listed = next((j for j in self.jobs if chosen and j.id == chosen[0]), None)
+        key = (None, None) if listed is None else (listed.id, listed.updated_at)
+        if key == self._detail_key:  # unchanged: the whole job is read only when it changes
+            return
+        self._detail_key = key
+        try:
+            job = None if listed is None else self.queue.get(listed.id)
+        except NbqueueError:
+            job = None
         self.traceback.value = job_detail(job) if job else "<i>select dead jobs to see their tracebacks</i>"
 
     def _act(self, action: str, ids: list[int] | None) -> None:

@@ -39,14 +39,17 @@ class NewJob:
     timeout: float | None
     backoff: str
     run_at_us: int | None = None  # ... unless an absolute run_at was given
+    signature: str | None = None  # nbqueue.signing: the job was queued by this user's process
 
 
 @dataclass(frozen=True, slots=True)
 class Filter:
-    """Which jobs a claim may take: queues (None = all) and tasks (None = all)."""
+    """Which jobs a claim may take: queues (None = all), tasks (None = all), and the tasks whose
+    jobs must carry a signature (checked by the claimer: nbqueue.signing)."""
 
     queues: tuple[str, ...] | None = None
     tasks: tuple[str, ...] | None = None
+    signed: tuple[str, ...] | None = None
 
     @property
     def matches_nothing(self) -> bool:
@@ -116,6 +119,15 @@ class Storage(Protocol):
         """Running -> pending without counting a retry (graceful shutdown)."""
         ...
 
+    def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
+        """A claimed job whose signature does not verify -> pending, its signature removed (so it
+        is never claimed as signed again), with `error` saying why it does not run."""
+        ...
+
+    def sign(self, job_id: int, payload: str, signature: str) -> bool:
+        """Store a job's signature (only if its payload is still `payload`)."""
+        ...
+
     def bury(self, job_id: int, error: str, now: int | None) -> bool:
         """A running job whose row cannot be read -> dead, with `error` saying why."""
         ...
@@ -180,9 +192,15 @@ class Storage(Protocol):
         ...
 
     def rows(
-        self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int = 0
+        self,
+        statuses: Sequence[State] | None,
+        queue: str | None,
+        limit: int,
+        offset: int = 0,
+        brief: bool = False,
     ) -> list[Row]:
-        """A page of jobs, newest first."""
+        """A page of jobs, newest first; `brief`: without payload, result and output, and only the
+        end of the error text (what a listing shows, however big the jobs are)."""
         ...
 
     def queues(self) -> list[str]:
@@ -193,8 +211,8 @@ class Storage(Protocol):
         """The earliest run_at of a claimable job the filter allows (for the worker's sleep)."""
         ...
 
-    def task_names(self, statuses: Sequence[State]) -> list[str]:
-        """The task names of jobs in `statuses`."""
+    def task_names(self, statuses: Sequence[State], signed: bool = False) -> list[str]:
+        """The task names of jobs in `statuses` (only of signed jobs, with `signed`)."""
         ...
 
     def now(self) -> int | None:

@@ -46,7 +46,7 @@ T = TypeVar("T")
 Params = dict[str, Any]
 _NEW_JOB_FIELDS = (
     *("queue", "task", "payload", "priority", "key"),
-    *("max_retries", "delay_us", "run_at_us", "timeout", "backoff"),
+    *("max_retries", "delay_us", "run_at_us", "timeout", "backoff", "signature"),
 )
 
 
@@ -74,6 +74,13 @@ def _translate(exc: Exception, where: str) -> NbqueueError:
 def _insert_params(jobs: Sequence[NewJob]) -> Params:
     """New jobs as the column arrays sql.INSERT unnests."""
     return {name: [getattr(j, name) for j in jobs] for name in _NEW_JOB_FIELDS}
+
+
+def _filter_params(where: Filter) -> Params:
+    return {
+        name: None if value is None else list(value)
+        for name, value in (("queues", where.queues), ("tasks", where.tasks), ("signed", where.signed))
+    }
 
 
 def _token() -> int:
@@ -108,6 +115,7 @@ class PostgresStorage:
         self.channel = ""
         # Name the connections (unless the URL does), so a DBA can tell whose they are.
         given = psycopg.conninfo.conninfo_to_dict(self.conninfo)
+        self._options = str(given.get("options") or "")
         self._name = (
             {} if "application_name" in given else {"application_name": f"nbqueue:{self.schema}"[:63]}
         )
@@ -116,17 +124,18 @@ class PostgresStorage:
     # -- connections -----------------------------------------------------------
 
     def _connect(self, autocommit: bool = False) -> psycopg.Connection[Any]:
-        # "normal" is SQLite's WAL + synchronous=NORMAL: a client crash loses nothing (the
-        # server has every commit); only a crash of the server itself may lose the last
-        # moments. "full" waits for the server's fsync on every commit.
-        commit = "on" if self.synchronous == "full" else "off"
+        # "normal" keeps the server's own synchronous_commit (on, unless a DBA chose
+        # otherwise): an acknowledged job survives a crash of the server too. "full" asks
+        # for it explicitly, whatever the server's default.
+        settings = dict(self._name)
+        if self.synchronous == "full":  # added to the URL's own options, if it has some
+            settings["options"] = f"{self._options} -c synchronous_commit=on".strip()
         try:
             conn = psycopg.connect(
                 self.conninfo,
                 autocommit=True,
                 connect_timeout=10,
-                options=f"-c synchronous_commit={commit}",
-                **self._name,  # type: ignore[arg-type]  # psycopg passes other keywords to libpq
+                **settings,  # type: ignore[arg-type]  # psycopg passes other keywords to libpq
             )
             # Every statement names its tables without a schema: the schema is the path.
             conn.execute(pg_sql.SQL("SET search_path TO {}").format(pg_sql.Identifier(self.schema)))
@@ -264,13 +273,7 @@ class PostgresStorage:
 
     def _claim_params(self, request: ClaimRequest) -> Params:
         where, worker_id, lease_us = request
-        return {
-            "queues": None if where.queues is None else list(where.queues),
-            "tasks": None if where.tasks is None else list(where.tasks),
-            "worker": worker_id,
-            "lease": lease_us,
-            "token": _token(),
-        }
+        return {**_filter_params(where), "worker": worker_id, "lease": lease_us, "token": _token()}
 
     def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
         if request.where.matches_nothing:
@@ -342,6 +345,13 @@ class PostgresStorage:
         if released:
             self.notify()
         return released
+
+    def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
+        params = {"id": job_id, "attempt": attempt, "error": _clean(error), "now": now}
+        return self._one(sql.REFUSE, params) is not None
+
+    def sign(self, job_id: int, payload: str, signature: str) -> bool:
+        return self._one(sql.SIGN, {"id": job_id, "payload": payload, "signature": signature}) is not None
 
     def bury(self, job_id: int, error: str, now: int | None) -> bool:
         return self._one(sql.BURY, {"id": job_id, "error": _clean(error), "now": now}) is not None
@@ -429,7 +439,12 @@ class PostgresStorage:
         return {s.value: found.get(s.value, 0) for s in State}
 
     def rows(
-        self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int = 0
+        self,
+        statuses: Sequence[State] | None,
+        queue: str | None,
+        limit: int,
+        offset: int = 0,
+        brief: bool = False,
     ) -> list[Row]:
         params = {
             "statuses": None if statuses is None else [s.value for s in statuses],
@@ -437,7 +452,7 @@ class PostgresStorage:
             "limit": limit,
             "offset": offset,
         }
-        return self._rows(sql.ROWS[statuses is not None, queue is not None], params)
+        return self._rows(sql.ROWS[statuses is not None, queue is not None, brief], params)
 
     def queues(self) -> list[str]:
         return [str(r[0]) for r in self._rows(sql.QUEUES)]
@@ -446,15 +461,12 @@ class PostgresStorage:
         if where.matches_nothing:
             return None
         statement = sql.NEXT_DUE_IN_ANY_QUEUE if where.queues is None else sql.NEXT_DUE_IN_QUEUES
-        params = {
-            "queues": None if where.queues is None else list(where.queues),
-            "tasks": None if where.tasks is None else list(where.tasks),
-        }
-        row = self._one(statement, params)
+        row = self._one(statement, _filter_params(where))
         return None if row is None or row[0] is None else int(row[0])
 
-    def task_names(self, statuses: Sequence[State]) -> list[str]:
-        return [str(r[0]) for r in self._rows(sql.TASK_NAMES, {"statuses": [s.value for s in statuses]})]
+    def task_names(self, statuses: Sequence[State], signed: bool = False) -> list[str]:
+        params = {"statuses": [s.value for s in statuses], "signed": signed}
+        return [str(r[0]) for r in self._rows(sql.TASK_NAMES, params)]
 
     def now(self) -> int | None:
         row = self._one(sql.SERVER_TIME)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..jobs import COLUMNS, State
 from .rules import (
     ANY_STATE_SQL,
+    BRIEF_ERROR,
     CANCELLABLE_SQL,
     CLAIM_ORDER,
     CLAIMABLE_SQL,
@@ -104,18 +105,27 @@ MIGRATIONS: dict[int, list[str]] = {
         "FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) "
         "EXECUTE FUNCTION {s}.nbqueue_count_change()",
     ],
-    # Tokens the client writes so that, having lost a reply, it can tell whether its write
-    # committed before doing it again (a lost reply must never duplicate or strand a job).
+    # Signatures of code jobs (nbqueue.signing). Tokens the client writes so that, having lost
+    # a reply, it can tell whether its write committed before doing it again (a lost reply
+    # must never duplicate or strand a job).
     4: [
-        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN enqueue_token BIGINT, ADD COLUMN claim_token BIGINT",
+        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN signature TEXT, ADD COLUMN enqueue_token BIGINT, "
+        "ADD COLUMN claim_token BIGINT",
         "CREATE INDEX nbqueue_enqueue_token ON {s}.nbqueue_jobs (enqueue_token) "
         "WHERE enqueue_token IS NOT NULL",
     ],
 }
 
 SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
+# What a listing shows: no payload, result or output, and only the end of the error text.
+BRIEF = {"payload": "'null'", "result": "NULL", "output": "NULL", "error": f"right(error, {BRIEF_ERROR})"}
+SELECT_BRIEF = f"SELECT {', '.join(BRIEF.get(c, c) for c in COLUMNS)} FROM nbqueue_jobs"
 RETURNING_JOB = "RETURNING " + ", ".join(f"nbqueue_jobs.{c}" for c in COLUMNS)
-TASK_ALLOWED = "(%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))"
+# Tasks this claim may take; of `signed` tasks, only jobs that carry a signature (checked after).
+TASK_ALLOWED = (
+    "(%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[])) AND (signature IS NOT NULL "
+    "OR %(signed)s::text[] IS NULL OR NOT task = ANY(%(signed)s::text[]))"
+)
 
 # -- the queues to look in: named ones, or every queue that has claimable jobs ------------
 
@@ -182,18 +192,21 @@ COMPLETE = f"WITH {CLOCK}, {DONE} SELECT count(*) FROM done"
 NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)
 NEXT_DUE_IN_ANY_QUEUE = _next_due(EVERY_WAITING_QUEUE)
 
-_NEW_COLUMNS = "queue, task, payload, priority, key, max_retries, delay_us, run_at_us, timeout, backoff"
+_NEW_COLUMNS = (
+    "queue, task, payload, priority, key, max_retries, delay_us, run_at_us, timeout, backoff, signature"
+)
 # All rows in one INSERT ... SELECT FROM unnest: atomic, one round trip. A row whose key an
 # unfinished job holds is skipped (the caller then reads that job's id).
 INSERT = (
     f"WITH {CLOCK}, new AS (SELECT * FROM unnest(%(queue)s::text[], %(task)s::text[], "
     "%(payload)s::text[], %(priority)s::bigint[], %(key)s::text[], %(max_retries)s::int[], "
-    "%(delay_us)s::bigint[], %(run_at_us)s::bigint[], %(timeout)s::float8[], %(backoff)s::text[]) "
+    "%(delay_us)s::bigint[], %(run_at_us)s::bigint[], %(timeout)s::float8[], %(backoff)s::text[], "
+    "%(signature)s::text[]) "
     f"WITH ORDINALITY AS r({_NEW_COLUMNS}, n)), "
     "ins AS (INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, "
-    "created_at, updated_at, timeout, backoff, enqueue_token) SELECT 'pending', queue, task, payload, "
-    "priority, key, max_retries, coalesce(run_at_us, c.now + delay_us), c.now, c.now, timeout, backoff, "
-    "%(token)s FROM new, c ORDER BY n "
+    "created_at, updated_at, timeout, backoff, signature, enqueue_token) SELECT 'pending', queue, task, "
+    "payload, priority, key, max_retries, coalesce(run_at_us, c.now + delay_us), c.now, c.now, timeout, "
+    "backoff, signature, %(token)s FROM new, c ORDER BY n "
     f"ON CONFLICT (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL} DO NOTHING RETURNING id), "
     "woke AS (SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT 1 FROM ins)) "
     "SELECT id FROM ins, (SELECT count(*) FROM woke) w ORDER BY id"
@@ -239,6 +252,14 @@ FAIL_EXPIRED = _fail("lease_until <= c.now")
 RELEASE = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, "
     f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} RETURNING {_WAKE}"
+)
+REFUSE = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', signature = NULL, error = %(error)s, "
+    f"lease_until = NULL, worker_id = NULL, updated_at = c.now FROM c WHERE {LIVE_CLAIM} RETURNING 1"
+)
+SIGN = (
+    "UPDATE nbqueue_jobs SET signature = %(signature)s WHERE id = %(id)s AND payload = %(payload)s "
+    "RETURNING 1"
 )
 BURY = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'dead', error = %(error)s, lease_until = NULL, "
@@ -303,17 +324,23 @@ QUEUES = f"WITH {_FOLD} SELECT queue FROM now_counted GROUP BY queue HAVING sum(
 TIDY = f"WITH {_FOLD} SELECT count(*) FROM sums"
 TASK_NAMES = (
     "SELECT DISTINCT task FROM nbqueue_jobs WHERE task IS NOT NULL AND status = ANY(%(statuses)s::text[]) "
-    "ORDER BY task"
+    "AND (signature IS NOT NULL OR NOT %(signed)s) ORDER BY task"
 )
 
 # A page of jobs, newest first: one statement per filter, so each can use its index.
 _STATUS_IN = "status = ANY(%(statuses)s::text[])"
 _PAGE = "ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s"
+_WHERE = {
+    (False, False): "",
+    (True, False): f"WHERE {_STATUS_IN}",
+    (False, True): "WHERE queue = %(queue)s",
+    (True, True): f"WHERE {_STATUS_IN} AND queue = %(queue)s",
+}
+#: (by status, by queue, brief) -> statement
 ROWS = {
-    (False, False): f"{SELECT_JOBS} {_PAGE}",
-    (True, False): f"{SELECT_JOBS} WHERE {_STATUS_IN} {_PAGE}",
-    (False, True): f"{SELECT_JOBS} WHERE queue = %(queue)s {_PAGE}",
-    (True, True): f"{SELECT_JOBS} WHERE {_STATUS_IN} AND queue = %(queue)s {_PAGE}",
+    (*filters, brief): f"{SELECT_BRIEF if brief else SELECT_JOBS} {where} {_PAGE}"
+    for filters, where in _WHERE.items()
+    for brief in (False, True)
 }
 
 SERVER_TIME = f"SELECT {SERVER_NOW}"

@@ -46,5 +46,8 @@ def key_is_free(chosen: str) -> str:
     )
 
 
+#: Characters of error text a listing reads (the end, where the exception is).
+BRIEF_ERROR = 2000
+
 #: The order claims take jobs in: higher priority, then earlier run_at, then first in.
 CLAIM_ORDER = "priority DESC, run_at, id"

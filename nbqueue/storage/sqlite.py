@@ -113,7 +113,11 @@ class SQLiteStorage:
             self._write_lock = _write_locks.setdefault(self.path, threading.Lock())
             _open.add(self)
         self._create_file()
-        self._migrate()
+        try:
+            self._migrate()
+        except NbqueueError:  # refused: close, so that SQLite removes the -wal/-shm files it made
+            self.close()
+            raise
 
     # -- connections -----------------------------------------------------------
 
@@ -344,6 +348,15 @@ class SQLiteStorage:
             self.notify()
         return changed
 
+    def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
+        changed = self._change(
+            sql.REFUSE, {"id": job_id, "attempt": attempt, "error": error, "now": _stamp(now)}
+        )
+        return changed == 1
+
+    def sign(self, job_id: int, payload: str, signature: str) -> bool:
+        return self._change(sql.SIGN, {"id": job_id, "payload": payload, "signature": signature}) == 1
+
     def bury(self, job_id: int, error: str, now: int | None) -> bool:
         return self._change(sql.BURY, {"id": job_id, "error": error, "now": _stamp(now)}) == 1
 
@@ -419,9 +432,14 @@ class SQLiteStorage:
         return {s.value: found.get(s.value, 0) for s in State}
 
     def rows(
-        self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int = 0
+        self,
+        statuses: Sequence[State] | None,
+        queue: str | None,
+        limit: int,
+        offset: int = 0,
+        brief: bool = False,
     ) -> list[Row]:
-        statement = sql.ROWS[statuses is not None, queue is not None]
+        statement = sql.ROWS[statuses is not None, queue is not None, brief]
         params = {
             "statuses": None if statuses is None else _ids([s.value for s in statuses]),
             "queue": queue,
@@ -437,11 +455,12 @@ class SQLiteStorage:
         if where.matches_nothing:
             return None
         statement = sql.NEXT_DUE_IN_ANY_QUEUE if where.queues is None else sql.NEXT_DUE_IN_QUEUES
-        rows = self._read(statement, {"queues": _ids(where.queues), "tasks": _ids(where.tasks)})
+        rows = self._read(statement, _filter_params(where))
         return None if not rows or rows[0][0] is None else int(rows[0][0])
 
-    def task_names(self, statuses: Sequence[State]) -> list[str]:
-        return [r[0] for r in self._read(sql.TASK_NAMES, {"statuses": _ids([s.value for s in statuses])})]
+    def task_names(self, statuses: Sequence[State], signed: bool = False) -> list[str]:
+        params = {"statuses": _ids([s.value for s in statuses]), "signed": signed}
+        return [r[0] for r in self._read(sql.TASK_NAMES, params)]
 
     def now(self) -> int | None:
         return None
@@ -486,32 +505,20 @@ def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Row | N
     if where.matches_nothing:
         return None
     statement = sql.CLAIM_FROM_ANY_QUEUE if where.queues is None else sql.CLAIM_FROM_QUEUES
-    params = {
-        "queues": _ids(where.queues),
-        "tasks": _ids(where.tasks),
-        "worker": worker_id,
-        "lease": lease_us,
-        "now": now,
-    }
+    params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "now": now}
     row: Row | None = conn.execute(statement, params).fetchone()
     return row
 
 
+def _filter_params(where: Filter) -> dict[str, Any]:
+    return {"queues": _ids(where.queues), "tasks": _ids(where.tasks), "signed": _ids(where.signed)}
+
+
 def _insert_row(j: NewJob, now: int) -> tuple[Any, ...]:
+    """The values of sql.INSERT, in its order."""
     run_at = now + j.delay_us if j.run_at_us is None else j.run_at_us
-    return (
-        j.queue,
-        j.task,
-        j.payload,
-        j.priority,
-        j.key,
-        j.max_retries,
-        run_at,
-        now,
-        now,
-        j.timeout,
-        j.backoff,
-    )
+    queued = (j.queue, j.task, j.payload, j.priority, j.key, j.max_retries)
+    return (*queued, run_at, now, now, j.timeout, j.backoff, j.signature)
 
 
 def _split_sql(script: str) -> list[str]:

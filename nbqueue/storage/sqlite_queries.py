@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..jobs import COLUMNS, State
 from .rules import (
     ANY_STATE_SQL,
+    BRIEF_ERROR,
     CANCELLABLE_SQL,
     CLAIM_ORDER,
     CLAIMABLE_SQL,
@@ -88,9 +89,11 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE nbqueue_jobs ADD COLUMN progress_message TEXT;
     CREATE TABLE nbqueue_periodic (name TEXT PRIMARY KEY, last_slot INTEGER NOT NULL) WITHOUT ROWID;
     """,
-    # Tokens a client writes so that it can tell, after losing a reply, whether its write
-    # committed. A PostgreSQL client can lose a reply; a SQLite one cannot and leaves them empty.
+    # Signatures of code jobs (nbqueue.signing). Tokens a client writes so that it can tell,
+    # after losing a reply, whether its write committed: a PostgreSQL client can lose a
+    # reply; a SQLite one cannot, and leaves them empty.
     4: """
+    ALTER TABLE nbqueue_jobs ADD COLUMN signature TEXT;
     ALTER TABLE nbqueue_jobs ADD COLUMN enqueue_token INTEGER;
     ALTER TABLE nbqueue_jobs ADD COLUMN claim_token INTEGER;
     CREATE INDEX nbqueue_enqueue_token ON nbqueue_jobs (enqueue_token) WHERE enqueue_token IS NOT NULL;
@@ -98,9 +101,16 @@ MIGRATIONS: dict[int, str] = {
 }
 
 SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
+# What a listing shows: no payload, result or output, and only the end of the error text.
+BRIEF = {"payload": "'null'", "result": "NULL", "output": "NULL", "error": f"substr(error, -{BRIEF_ERROR})"}
+SELECT_BRIEF = f"SELECT {', '.join(BRIEF.get(c, c) for c in COLUMNS)} FROM nbqueue_jobs"
 RETURNING_JOB = f"RETURNING {', '.join(COLUMNS)}"
 CLAIM_INDEX = "nbqueue_jobs INDEXED BY nbqueue_claim_queue"
-TASK_ALLOWED = "(:tasks IS NULL OR task IN (SELECT value FROM json_each(:tasks)))"
+# Tasks this claim may take; of `signed` tasks, only jobs that carry a signature (checked after).
+TASK_ALLOWED = (
+    "(:tasks IS NULL OR task IN (SELECT value FROM json_each(:tasks))) AND (signature IS NOT NULL "
+    "OR :signed IS NULL OR task NOT IN (SELECT value FROM json_each(:signed)))"
+)
 IDS = "(SELECT value FROM json_each(:ids))"
 
 # -- the queues to look in: named ones, or every queue that has claimable jobs ------------
@@ -144,7 +154,8 @@ NEXT_DUE_IN_ANY_QUEUE = _next_due(EVERY_WAITING_QUEUE)
 
 INSERT = (
     "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, "
-    "created_at, updated_at, timeout, backoff) VALUES ('pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "created_at, updated_at, timeout, backoff, signature) "
+    "VALUES ('pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = :key AND {UNFINISHED_SQL}"
 
@@ -177,6 +188,11 @@ RELEASE = (
     "UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, updated_at = :now "
     f"WHERE {LIVE_CLAIM}"
 )
+REFUSE = (
+    "UPDATE nbqueue_jobs SET status = 'pending', signature = NULL, error = :error, lease_until = NULL, "
+    f"worker_id = NULL, updated_at = :now WHERE {LIVE_CLAIM}"
+)
+SIGN = "UPDATE nbqueue_jobs SET signature = :signature WHERE id = :id AND payload = :payload"
 BURY = (
     "UPDATE nbqueue_jobs SET status = 'dead', error = :error, lease_until = NULL, finished_at = :now, "
     "updated_at = :now WHERE id = :id AND status = 'running'"
@@ -217,18 +233,24 @@ COUNTS_IN_QUEUE = "SELECT status, n FROM nbqueue_counts WHERE queue = :queue"
 QUEUES = "SELECT DISTINCT queue FROM nbqueue_counts WHERE n > 0 ORDER BY queue"
 TASK_NAMES = (
     "SELECT DISTINCT task FROM nbqueue_jobs WHERE task IS NOT NULL "
-    "AND status IN (SELECT value FROM json_each(:statuses)) ORDER BY task"
+    "AND status IN (SELECT value FROM json_each(:statuses)) AND (signature IS NOT NULL OR NOT :signed) "
+    "ORDER BY task"
 )
 
 # A page of jobs, newest first: one statement per filter, so each can use its index.
 _STATUS_IN = "status IN (SELECT value FROM json_each(:statuses))"
+_PAGE = "ORDER BY id DESC LIMIT :limit OFFSET :offset"
+_WHERE = {
+    (False, False): "",
+    (True, False): f"WHERE {_STATUS_IN}",
+    (False, True): "WHERE queue = :queue",
+    (True, True): f"WHERE {_STATUS_IN} AND queue = :queue",
+}
+#: (by status, by queue, brief) -> statement
 ROWS = {
-    (False, False): f"{SELECT_JOBS} ORDER BY id DESC LIMIT :limit OFFSET :offset",
-    (True, False): f"{SELECT_JOBS} WHERE {_STATUS_IN} ORDER BY id DESC LIMIT :limit OFFSET :offset",
-    (False, True): f"{SELECT_JOBS} WHERE queue = :queue ORDER BY id DESC LIMIT :limit OFFSET :offset",
-    (True, True): (
-        f"{SELECT_JOBS} WHERE {_STATUS_IN} AND queue = :queue ORDER BY id DESC LIMIT :limit OFFSET :offset"
-    ),
+    (*filters, brief): f"{SELECT_BRIEF if brief else SELECT_JOBS} {where} {_PAGE}"
+    for filters, where in _WHERE.items()
+    for brief in (False, True)
 }
 
 # The file's identity and version, read in one snapshot.

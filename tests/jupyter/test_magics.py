@@ -7,8 +7,11 @@ fixture, which also checks that no worker thread outlives the test.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import sqlite3
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -513,3 +516,41 @@ def test_magics_after_unload_start_no_worker(ip: Any) -> None:
         assert worker_threads() == []
     finally:
         stop_orphans()
+
+
+def test_the_magic_opens_nbqueue_url_when_no_path_is_given(
+    ip: Any, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook names its queue without holding a password: %nbqueue reads NBQUEUE_URL."""
+    monkeypatch.setenv("NBQUEUE_URL", pg_url)
+    q = ip.run_line_magic("nbqueue", "")
+    assert q.target == pg_url
+    assert q.counts()["pending"] == 0
+
+
+# -- only this user's jobs run in the kernel ------------------------------------------------
+
+
+def test_the_worker_never_adopts_a_function_for_a_row_another_process_wrote(ip: Any, tmp_path: Path) -> None:
+    """A hand-written row naming a notebook function (`remove_it`) must not make the kernel call it."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    run(ip, "import os\ndef remove_it(path):\n    os.remove(path)\n    return 'removed'")
+    q = ip.run_line_magic("nbqueue", "jobs.db")
+    with sqlite3.connect(tmp_path / "jobs.db") as conn:  # anyone who can write the file
+        forged = conn.execute(
+            "INSERT INTO nbqueue_jobs (status, queue, task, payload, max_retries, run_at, created_at, "
+            "updated_at) VALUES ('pending', 'default', 'remove_it', ?, 3, 0, 0, 0)",
+            (json.dumps({"args": [str(precious)], "kwargs": {}}),),
+        ).lastrowid
+    run(ip, "def harmless():\n    return 'fine'")
+    ip.run_line_magic("worker", "start")
+    try:
+        mine = ip.run_line_magic("enqueue", "harmless()")
+        assert finished(q, mine.id).value == "fine"  # the worker runs what this notebook queued ...
+        time.sleep(1.0)  # ... and has had ample time to take the other one, if it would
+    finally:
+        ip.run_line_magic("worker", "stop")
+    assert precious.read_text() == "keep me"
+    job = q.get(int(forged or 0))
+    assert job.status == "pending" and job.attempts == 0

@@ -558,7 +558,6 @@ CLI_ERRORS = [
     (["worker", "DB", "--import", "no_such_module_for_nbqueue"], "no_such_module_for_nbqueue"),
     (["stats", "GARBAGE"], "not"),
     (["jobs", "TRUNCATED"], "not"),
-    (["jobs", "NOTJSON"], "JSON|notjson"),
     (["stats", "DIR"], "a-folder"),
     (["stats", "DIR/missing/jobs.db"], "missing"),
 ]
@@ -778,3 +777,17 @@ def test_magics_accept_odd_but_valid_names(ip: Any) -> None:
     assert q.counts()["pending"] == 1  # double(21) in "default" was not in the worker's queues
     board = ip.run_line_magic("jobs", f'--queue "{sql}"')
     assert board.queue_filter.value == sql
+
+
+def test_cli_lists_a_damaged_row_with_its_damage(cli_files: dict[str, Path]) -> None:
+    """One damaged row does not stop `nbqueue jobs`: it is listed, its damage in the error column."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nbqueue", "jobs", str(cli_files["NOTJSON"])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "cannot be read" in done.stdout
+    assert "Traceback" not in done.stderr

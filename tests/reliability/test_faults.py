@@ -333,8 +333,9 @@ def corrupt_one_payload(path: Path, marker: bytes) -> None:
 
 def test_a_row_that_is_not_json_is_a_storage_error(tmp_path: Path) -> None:
     """SQLite has no page checksums: a flipped byte inside a payload reads back as text that
-    is not JSON. Reading that job raises a StorageError naming it (not json.JSONDecodeError),
-    and claiming neither crashes nor lets the damaged row block or hold the good job."""
+    is not JSON. Reading that job raises a StorageError naming it (not json.JSONDecodeError);
+    a listing shows it with its damage (one bad row never hides the others); claiming neither
+    crashes nor lets the damaged row block or hold the good job."""
     path = tmp_path / "jobs.db"
     with Queue(path) as q:
         bad = q.enqueue({"who": "CORRUPT-ME"})
@@ -342,12 +343,16 @@ def test_a_row_that_is_not_json_is_a_storage_error(tmp_path: Path) -> None:
     corrupt_one_payload(path, b'{"who":"CORRUPT-ME"}')
     with Queue(path) as q:
         assert q.get(good.id).payload == {"who": "fine"}
-        for call in (lambda: q.get(bad.id), lambda: q.jobs(), lambda: q.jobs(status="pending")):
-            with pytest.raises(Exception) as caught:
-                call()
-            assert_nbqueue_error(caught.value)
-            assert isinstance(caught.value, nbqueue.StorageError)
-            assert str(bad.id) in str(caught.value)
+        with pytest.raises(Exception) as caught:
+            q.get(bad.id)
+        assert_nbqueue_error(caught.value)
+        assert isinstance(caught.value, nbqueue.DamagedJob)
+        assert str(bad.id) in str(caught.value)
+        for listing in (q.jobs(), q.jobs(status="pending")):
+            assert [j.id for j in listing] == [good.id, bad.id]
+            damaged = listing[1]
+            assert damaged.payload is None and "cannot be read" in (damaged.error or "")
+        assert [j.id for j in q.jobs(brief=True)] == [good.id, bad.id]  # it never reads the payload
         claimed = []
         for _ in range(3):
             try:

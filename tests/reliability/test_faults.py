@@ -42,6 +42,10 @@ from tests.helpers import wait_until
 from tests.reliability.conftest import Records
 
 PAD = "x" * 1500  # a payload that fills a good part of a page
+
+# A worker thread that dies of a fault is a failure, not a warning: the worker would go on
+# with fewer threads (or none) while `worker.running` stays true.
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 STATES = [s.value for s in nbqueue.State]
 
 

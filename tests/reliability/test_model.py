@@ -1,12 +1,19 @@
 """A stateful property test: the Queue API, step by step, against a plain-Python model.
 
-Hypothesis drives a real queue (a fresh SQLite file per example, a ManualClock)
-through random sequences of enqueue, claim, complete, fail, heartbeat, release,
-clock moves (forwards and backwards), recover, requeue and cancel. The model is
-the contract written out in a few lines of Python; after every step the queue's
-counts, every job's fields and every change of state must agree with it.
+Hypothesis drives a real queue through random sequences of enqueue, claim,
+complete, fail, heartbeat, release, clock moves (forwards and backwards), recover,
+requeue and cancel. The model is the contract written out in a few lines of
+Python; after every step the queue's counts, every job's fields and every change
+of state must agree with it.
 
-NBQUEUE_SOAK=N runs 600 x N examples of 60 steps instead of the quick default.
+It runs on both backends: each example gets a fresh SQLite file, or a fresh
+PostgreSQL schema (dropped afterwards). The queue is given a ManualClock on both,
+so time is the test's own even where the server has a clock of its own.
+
+The quick run is 150 examples of 30 steps on SQLite and 50 on PostgreSQL, where
+each example costs a schema's creation and migration and every step a few round
+trips to the server (about 6 times slower per example). NBQUEUE_SOAK=N runs
+600 x N examples of 60 steps on each backend.
 """
 
 from __future__ import annotations
@@ -14,14 +21,22 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import nbqueue
 from nbqueue import Job
@@ -56,6 +71,10 @@ LEGAL = {
 UNFINISHED = (PENDING, FAILED, RUNNING)
 
 SOAK = int(os.environ.get("NBQUEUE_SOAK", "0") or 0)
+QUICK_EXAMPLES = {"sqlite": 150, "postgres": 50}
+
+#: Makes one example's storage: the Queue target, and how to remove it afterwards.
+Place = Callable[[], tuple[str, Callable[[], None]]]
 
 
 @dataclass
@@ -76,24 +95,49 @@ class Model:
     error: str | None = None
 
 
+def sqlite_place() -> tuple[str, Callable[[], None]]:
+    """A fresh SQLite file in a folder of its own."""
+    folder = tempfile.mkdtemp(prefix="nbqueue-model-")
+    return os.path.join(folder, "jobs.db"), lambda: shutil.rmtree(folder, ignore_errors=True)
+
+
+def postgres_place(server: str, admin: Any, made: list[str]) -> Place:
+    """Fresh PostgreSQL schemas on `server` (named in `made`), each dropped through `admin` afterwards."""
+
+    def make() -> tuple[str, Callable[[], None]]:
+        schema = f"nbq_test_{uuid.uuid4().hex[:12]}"
+        made.append(schema)
+
+        def drop() -> None:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+        return f"{server}?schema={schema}", drop
+
+    return make
+
+
 class QueueMachine(RuleBasedStateMachine):
-    def __init__(self) -> None:
+    def __init__(self, place: Place) -> None:
         super().__init__()
-        self.folder = tempfile.mkdtemp(prefix="nbqueue-model-")
+        target, self.remove = place()
         self.clock = nbqueue.ManualClock()
-        self.q = nbqueue.Queue(
-            os.path.join(self.folder, "jobs.db"),
-            clock=self.clock,
-            backoff=nbqueue.Backoff(base=BASE, cap=CAP, jitter=0),
-        )
+        try:
+            self.q = nbqueue.Queue(
+                target, clock=self.clock, backoff=nbqueue.Backoff(base=BASE, cap=CAP, jitter=0)
+            )
+        except BaseException:
+            self.remove()
+            raise
         self.jobs: dict[int, Model] = {}
         self.held: list[Job] = []  # claims we hold, live or stale
         self.seen: dict[int, str] = {}  # the states read after the previous step
         self.serial = 0
 
     def teardown(self) -> None:
-        self.q.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        try:
+            self.q.close()
+        finally:
+            self.remove()
 
     # -- helpers ---------------------------------------------------------------
 
@@ -379,21 +423,43 @@ class QueueMachine(RuleBasedStateMachine):
             self.seen[job_id] = m.state
 
 
-QueueMachine.TestCase.settings = settings(
-    max_examples=600 * SOAK if SOAK else 150,
-    stateful_step_count=60 if SOAK else 30,
-    deadline=None,
-    database=None,  # no .hypothesis/ folder in the repository; a failure prints its steps
-    suppress_health_check=[HealthCheck.too_slow],
-)
-TestQueueModel = QueueMachine.TestCase
+def model_settings(backend: str) -> settings:
+    return settings(
+        max_examples=600 * SOAK if SOAK else QUICK_EXAMPLES[backend],
+        stateful_step_count=60 if SOAK else 30,
+        deadline=None,
+        database=None,  # no .hypothesis/ folder in the repository; a failure prints its steps
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 
 
-def test_requeue_all_is_not_blocked_by_a_key_clash(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
+def test_queue_model(backend: str, request: pytest.FixtureRequest) -> None:
+    """The queue against the model, on a fresh file or schema per example."""
+    if backend == "sqlite":
+        run_state_machine_as_test(lambda: QueueMachine(sqlite_place), settings=model_settings(backend))
+        return
+    import psycopg
+
+    server = str(request.getfixturevalue("pg_server"))
+    made: list[str] = []
+    with psycopg.connect(server, autocommit=True) as admin:
+        try:
+            place = postgres_place(server, admin, made)
+            run_state_machine_as_test(lambda: QueueMachine(place), settings=model_settings(backend))
+        finally:
+            for schema in made:  # also those of an example that failed half-way
+                admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        left = admin.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (made,)).fetchall()
+    assert len(set(made)) == len(made) > 1, "every example has a schema of its own"
+    assert not left, f"schemas left behind: {left}"
+
+
+def test_requeue_all_is_not_blocked_by_a_key_clash(queue: nbqueue.Queue) -> None:
     """Two dead jobs that shared a key (the second was enqueued after the first died) must not
     make "requeue every dead job" (the CLI's --all-dead, the dead-letter view's button) fail
     for all of them: the first takes its key back, the unrelated dead job is requeued too."""
-    with nbqueue.Queue(tmp_path / "jobs.db") as q:
+    with queue as q:
 
         def dead(key: str | None) -> int:
             job = q.enqueue({"key": key}, key=key, max_retries=0)
@@ -411,10 +477,10 @@ def test_requeue_all_is_not_blocked_by_a_key_clash(tmp_path: Path) -> None:
         assert requeued == 2
 
 
-def test_requeue_refuses_a_running_job(tmp_path: Path) -> None:
+def test_requeue_refuses_a_running_job(queue: nbqueue.Queue) -> None:
     """Found by the model: running -> pending is legal for release(), so requeue() let it through
     its transition check and then silently changed nothing (returned 0)."""
-    with nbqueue.Queue(tmp_path / "jobs.db") as q:
+    with queue as q:
         job = q.enqueue({"n": 1})
         claim = q.claim()
         assert claim is not None and claim.id == job.id

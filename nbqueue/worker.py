@@ -290,7 +290,10 @@ class Worker:
         except NbqueueError:
             pass
         if wait > 0 and not self._stopping.is_set():
-            self.manager.wait_for_change(wait)
+            try:
+                self.manager.wait_for_change(wait)
+            except NbqueueError:  # the storage is away; the next claim meets it and backs off
+                self._stopping.wait(wait)
 
     def _execute(self, job: Job) -> Job | None:
         """Run one job and record its outcome; returns the next job if one was claimed with it."""

@@ -44,6 +44,8 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 T = TypeVar("T")
 Params = dict[str, Any]
+TIDY_EVERY = 5.0  # seconds between folds of the count changes by a reader
+LOCKED_RETRY_SECONDS = 120.0  # a statement cancelled by a timeout (a lock held elsewhere) is retried
 _NEW_JOB_FIELDS = (
     *("queue", "task", "payload", "priority", "key"),
     *("max_retries", "delay_us", "run_at_us", "timeout", "backoff", "signature"),
@@ -113,6 +115,7 @@ class PostgresStorage:
         self._listener: psycopg.Connection[Any] | None = None
         self._listen_lock = threading.Lock()
         self.channel = ""
+        self._tidied = float("-inf")
         # Name the connections (unless the URL does), so a DBA can tell whose they are.
         given = psycopg.conninfo.conninfo_to_dict(self.conninfo)
         self._options = str(given.get("options") or "")
@@ -167,7 +170,9 @@ class PostgresStorage:
         `committed` then reads back whether it did (its answer, or None), so that a write is
         never done twice; without it, `work` must be safe to repeat (a read, a heartbeat).
         """
-        for attempt in range(4):
+        deadline = time.monotonic() + LOCKED_RETRY_SECONDS
+        attempt = 0
+        while attempt < 4:
             conn = self._conn()
             try:
                 if transaction:
@@ -175,6 +180,13 @@ class PostgresStorage:
                         return work(cur)
                 with conn.cursor() as cur:
                     return work(cur)
+            except (pg_errors.QueryCanceled, pg_errors.LockNotAvailable) as exc:
+                # A statement_timeout or lock_timeout (a lock held elsewhere): the statement was
+                # rolled back, so it is waited out like SQLite's busy lock, never surfaced early.
+                if time.monotonic() > deadline:
+                    raise _translate(exc, self._where) from exc
+                time.sleep(0.05)
+                continue
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure):
                 time.sleep(0.01 * (attempt + 1))
             except psycopg.OperationalError as exc:
@@ -185,6 +197,7 @@ class PostgresStorage:
                     return answer
             except psycopg.Error as exc:
                 raise _translate(exc, self._where) from exc
+            attempt += 1
         raise StorageError(f"{self._where}: gave up after repeated conflicts")
 
     def _rows(
@@ -435,8 +448,19 @@ class PostgresStorage:
         return self._rows(sql.EXPIRED, {"now": now, "limit": limit})
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
+        self._tidy_now_and_then()
         found = {str(s): int(n) for s, n in self._rows(sql.COUNTS, {"queue": queue})}
         return {s.value: found.get(s.value, 0) for s in State}
+
+    def _tidy_now_and_then(self) -> None:
+        """Readers fold the count changes too (every few seconds), so that a queue with no
+        worker keeps its counts cheap to read; a read-only session simply leaves it."""
+        now = time.monotonic()
+        if now - self._tidied < TIDY_EVERY:
+            return
+        self._tidied = now
+        with contextlib.suppress(NbqueueError):
+            self.tidy()
 
     def rows(
         self,
@@ -482,7 +506,7 @@ class PostgresStorage:
                 listener = self._listening()
                 for _ in listener.notifies(timeout=timeout, stop_after=1):
                     self.notify()
-            except psycopg.Error:
+            except (psycopg.Error, NbqueueError):  # the server is away: wait a little, listen anew later
                 self._drop_listener()
                 time.sleep(min(timeout, 0.1))
             finally:

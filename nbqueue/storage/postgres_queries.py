@@ -304,23 +304,25 @@ PURGE = (
     "ORDER BY id LIMIT %(limit)s) RETURNING 1) SELECT count(*) FROM gone"
 )
 
-# Counts: fold the appended changes into nbqueue_counts (one folder at a time: the others
-# read both tables, which is as exact), then read. `sums` holds what this call folded.
+# Counts: fold the appended changes into nbqueue_counts (one folder at a time), atomically,
+# so that a reader of both tables sees the changes in one place or the other, never twice.
 _FOLD = (
     "got AS (SELECT pg_try_advisory_xact_lock(hashtext('nbqueue-counts:' || current_schema())) AS lock), "
     "moved AS (DELETE FROM nbqueue_count_changes WHERE (SELECT lock FROM got) RETURNING queue, status, n), "
     "sums AS (SELECT queue, status, sum(n)::bigint AS n FROM moved GROUP BY queue, status), "
     "saved AS (INSERT INTO nbqueue_counts SELECT queue, status, n FROM sums "
-    "ON CONFLICT (queue, status) DO UPDATE SET n = nbqueue_counts.n + excluded.n RETURNING 1), "
-    "now_counted AS (SELECT queue, status, n FROM nbqueue_counts UNION ALL SELECT queue, status, n FROM sums "
-    "UNION ALL SELECT queue, status, n FROM nbqueue_count_changes WHERE NOT (SELECT lock FROM got))"
+    "ON CONFLICT (queue, status) DO UPDATE SET n = nbqueue_counts.n + excluded.n RETURNING 1)"
+)
+# Reading counts never writes (a read-only session can read them): both tables in one snapshot.
+_COUNTED = (
+    "counted AS (SELECT queue, status, n FROM nbqueue_counts "
+    "UNION ALL SELECT queue, status, n FROM nbqueue_count_changes)"
 )
 COUNTS = (
-    f"WITH {_FOLD} SELECT status, sum(n) FROM now_counted "
-    "WHERE (%(queue)s::text IS NULL OR queue = %(queue)s) "
-    "GROUP BY status"
+    f"WITH {_COUNTED} SELECT status, sum(n) FROM counted "
+    "WHERE (%(queue)s::text IS NULL OR queue = %(queue)s) GROUP BY status"
 )
-QUEUES = f"WITH {_FOLD} SELECT queue FROM now_counted GROUP BY queue HAVING sum(n) > 0 ORDER BY queue"
+QUEUES = f"WITH {_COUNTED} SELECT queue FROM counted GROUP BY queue HAVING sum(n) > 0 ORDER BY queue"
 TIDY = f"WITH {_FOLD} SELECT count(*) FROM sums"
 TASK_NAMES = (
     "SELECT DISTINCT task FROM nbqueue_jobs WHERE task IS NOT NULL AND status = ANY(%(statuses)s::text[]) "

@@ -67,5 +67,10 @@ class DatabaseFull(StorageError):
     """The database or the disk under it is full; nothing was written."""
 
 
+class Unretryable(NbqueueError):
+    """No retry can mend this (a result that is not JSON, arguments the function cannot take):
+    the job is dead at once, whatever its retry policy."""
+
+
 class MissingDependency(NbqueueError, ImportError):
     """An optional dependency is missing; the message gives the pip command."""

@@ -14,6 +14,7 @@ from .clock import from_us
 from .errors import MissingDependency
 from .jobs import COLUMNS as STORED
 from .jobs import State
+from .limits import format_rate
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -84,3 +85,26 @@ def _integers(pandas: Any, values: list[Any]) -> Any:
 
 def _time(value: Any) -> Any:
     return from_us(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def limits_frame(rows: Sequence[Sequence[Any]], waiting: dict[str, int], now_us: int) -> pd.DataFrame:
+    """One row per limit key: what it allows, what holds it now, what waits, and its pause."""
+    pandas = _pandas()
+
+    def paused(until: Any) -> Any:
+        return from_us(until) if isinstance(until, int) and until > now_us else None
+
+    frame = pandas.DataFrame(
+        {
+            "key": pandas.array([r[0] for r in rows], dtype="string"),
+            "concurrency": pandas.array([r[1] for r in rows], dtype="Int64"),
+            "rate": pandas.array([None if r[2] is None else format_rate(r[2]) for r in rows], dtype="string"),
+            "burst": pandas.array([r[3] for r in rows], dtype="float64"),
+            "in_flight": pandas.array([int(r[7] or 0) for r in rows], dtype="int64"),
+            "waiting": pandas.array([waiting.get(r[0], 0) for r in rows], dtype="int64"),
+            "paused_until": pandas.to_datetime([paused(r[5]) for r in rows], utc=True),
+            "paused_why": pandas.array([r[6] if paused(r[5]) else None for r in rows], dtype="string"),
+        }
+    )
+    result: pd.DataFrame = frame
+    return result

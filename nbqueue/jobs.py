@@ -31,6 +31,7 @@ class Verdict(StrEnum):
 
     RETRY = "retry"
     DEAD = "dead"
+    SNOOZE = "snooze"  # RetryAfter or an HTTP 429/503: runs again later, no retry counted
 
 
 #: Every legal change of state, with the verb that makes it.
@@ -166,6 +167,10 @@ class Job:
     progress_message: str | None = None
     #: Set on jobs queued by a notebook's magics (nbqueue.signing): proof of who queued them.
     signature: str | None = field(default=None, repr=False)
+    #: The limit keys the job holds while it runs, with their units (nbqueue.limits).
+    limits: dict[str, int] = field(default_factory=dict)
+    #: Times it was snoozed (RetryAfter, HTTP 429/503): runs again later, no retry counted.
+    snoozes: int = 0
     _source: JobSource | None = field(default=None, repr=False)
 
     @property
@@ -287,6 +292,8 @@ COLUMNS = (
     "progress_total",
     "progress_message",
     "signature",
+    "limits",
+    "snoozes",
 )
 
 
@@ -327,6 +334,8 @@ def from_row(row: Sequence[Any]) -> Job:
             progress_total=row[23],
             progress_message=row[24],
             signature=row[25],
+            limits=json.loads(row[26]) if row[26] else {},
+            snoozes=_integer(row[27]),
         )
     except Exception as exc:  # RecursionError, TypeError, ValueError, OverflowError ...: all damage
         name = type(exc).__name__

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from . import limits, policy, signing, waiting
 from . import payload as payload_json
-from . import policy, signing, waiting
+from . import tasks as registry
 from .clock import Clock, from_us, system_clock, to_us, utc_seconds
 from .errors import (
     DamagedJob,
@@ -28,7 +30,7 @@ from .errors import (
     LeaseLost,
 )
 from .jobs import FINISHED, Job, State, Verdict, check_claim, check_transition, from_row, listed, sources
-from .options import JobArgs, JobOptions, check_id
+from .options import JobArgs, JobOptions, check_id, gate, stored
 from .payload import call_body, check_output, error_text
 from .retry import Backoff
 from .schedule import Cron, Every
@@ -38,6 +40,7 @@ from .tasks import Task
 log = logging.getLogger("nbqueue.manager")
 
 RECOVER_BATCH = 500
+LIMITS_RECHECK = 1.0  # seconds a claim trusts its last look for jobs that hold limit keys
 BURY_RETRIES = 20  # damaged rows buried in a row before a claim gives up for now
 
 
@@ -59,6 +62,7 @@ class JobManager:
         self.clock: Clock = clock or system_clock
         self.backoff = backoff or Backoff()
         self.periodics: dict[str, Periodic] = {}
+        self._limited: dict[Filter, tuple[float, bool]] = {}  # do limited jobs wait? (until, answer)
         self._default_backoff = payload_json.dumps(self.backoff.to_dict(), "backoff")
 
     # -- time ------------------------------------------------------------------
@@ -122,6 +126,9 @@ class JobManager:
         policy_text = (
             self._default_backoff if backoff is None else payload_json.dumps(backoff.to_dict(), "backoff")
         )
+        held = options.limits or {}
+        if held:
+            self._limited.clear()  # this process now has limited work: claims weigh limits at once
         return NewJob(
             queue=options.queue,
             task=task,
@@ -134,6 +141,8 @@ class JobManager:
             timeout=options.timeout,
             backoff=policy_text,
             signature=signature,
+            limits=stored(held),
+            gate=gate(held),
         )
 
     def _insert_one(self, new: NewJob) -> Job:
@@ -167,19 +176,60 @@ class JobManager:
             timeout=new.timeout,
             backoff=Backoff.from_dict(json.loads(new.backoff)),
             signature=new.signature,
+            limits=json.loads(new.limits) if new.limits else {},
         ).attach(self)
 
     # -- claims and their outcomes ---------------------------------------------
 
     def claim(self, request: ClaimRequest) -> Job | None:
-        """Take the best due job the request allows (None if none); damaged rows go dead on the way."""
+        """Take the best due job the request allows (None if none); damaged rows go dead on the way.
+
+        While jobs holding limit keys wait, the claim weighs the limits (nbqueue.limits) in
+        the storage's transaction; otherwise it is one statement.
+        """
         for _ in range(BURY_RETRIES):
-            row = self.storage.claim(request, self.stamp())
+            if self._limits_matter(request.where):
+                row = self.storage.claim_limited(request, self.stamp(), self._choose)
+            else:
+                row = self.storage.claim(request, self.stamp())
             if row is None:
                 return None
             job = self._decode_claimed(row, request)
             if job is not None:
                 return job
+        return None
+
+    def _limits_matter(self, where: Filter) -> bool:
+        """Do jobs with limit keys wait where this claim looks? Asked at most every second (an
+        enqueue of such a job in this process asks again at once)."""
+        now = time.monotonic()
+        known = self._limited.get(where)
+        if known is not None and known[0] > now:
+            return known[1]
+        answer = self.storage.limited_waiting(where)
+        self._limited[where] = (now + LIMITS_RECHECK, answer)
+        return answer
+
+    def _choose(
+        self, heads: list[tuple[int, str | None]], states: list[Row], running: list[Row], now_us: int
+    ) -> tuple[int, dict[str, int]] | None:
+        """The first candidate, in claim order, that its limits let start now (storage.Decide)."""
+        held = {str(key): int(units) for key, units in running}
+        keys = {
+            str(row[0]): limits.KeyState(
+                limits.Limit(str(row[0]), row[1], row[2], float(row[3] or 0)),
+                tat=int(row[4] or 0),
+                paused_until=None if row[5] is None else int(row[5]),
+                in_flight=held.get(str(row[0]), 0),
+            )
+            for row in states
+        }
+        for job_id, wanted in heads:
+            if not wanted:
+                return job_id, {}
+            admission = limits.admit(json.loads(wanted), keys, now_us)
+            if admission is not None:
+                return job_id, admission.tats
         return None
 
     def _decode_claimed(self, row: Row, request: ClaimRequest) -> Job | None:
@@ -232,14 +282,25 @@ class JobManager:
     def fail(
         self, job: Job, error: str | BaseException, output: str | None = None, retry: bool = True
     ) -> Verdict:
-        """Record a failed attempt under the claim: retried after its backoff, or dead."""
+        """Record a failed attempt under the claim, by the job's and its task's rules
+        (nbqueue.policy.after_error): retried after its backoff, dead, or snoozed."""
         check_claim(job, State.FAILED)
         text = payload_json.text(error_text(error)) or ""
         output = payload_json.text(check_output(output))
-        failure = policy.after_failure(job, self.backoff, retry)
-        if not self.storage.fail(
-            job.id, job.attempts, text, output, failure.state, failure.delay_us, self.stamp()
-        ):
+        task = registry.find(job.task)
+        retry_on, give_up_on = (None, ()) if task is None else (task.retry_on, task.give_up_on)
+        failure = policy.after_error(job, error, self.backoff, retry_on, give_up_on, retry)
+        now = self.stamp()
+        if failure.verdict is Verdict.SNOOZE:
+            pause = list(job.limits) if failure.pause else []
+            done = self.storage.snooze(
+                job.id, job.attempts, failure.delay_us, failure.note or text, output, pause, now
+            )
+        else:
+            if failure.note:
+                text = f"{failure.note}\n{text}"
+            done = self.storage.fail(job.id, job.attempts, text, output, failure.state, failure.delay_us, now)
+        if not done:
             raise self._lease_lost(job, "fail")
         return failure.verdict
 
@@ -449,6 +510,24 @@ class JobManager:
         """True when a job the filter allows may run now."""
         due = self.next_due(where)
         return due is not None and due <= self.now_us()
+
+    def define_limit(self, limit: limits.Limit) -> None:
+        """Store a key's limits."""
+        self.storage.define_limit(limit.key, limit.concurrency, limit.rate, limit.burst)
+        self._limited.clear()
+
+    def pause(self, keys: Sequence[str], for_us: int, why: str) -> None:
+        """Pause keys for that long."""
+        now = self.now_us()
+        self.storage.pause(keys, now + for_us, why, self.stamp())
+
+    def resume(self, key: str) -> bool:
+        """End a key's pause."""
+        return self.storage.resume(key, self.stamp())
+
+    def limit_rows(self) -> tuple[list[Row], list[Row], int]:
+        """The limits as stored, with their in-flight units, the jobs waiting per key, and the time."""
+        return self.storage.limits()
 
     def tidy(self) -> None:
         """Storage housekeeping a worker runs now and then."""

@@ -7,13 +7,16 @@ into seconds) when it is made, so whatever reaches the storage has been checked.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any, NamedTuple, TypedDict
 
 from .clock import Duration, seconds, utc_seconds
 from .errors import InvalidArgument, JobNotFound
+
+MAX_UNITS = 10**9  # units of one limit key a job may take
 
 
 class JobArgs(TypedDict, total=False):
@@ -26,6 +29,7 @@ class JobArgs(TypedDict, total=False):
     key: str | None
     max_retries: int
     timeout: Duration | None
+    limits: Sequence[str] | Mapping[str, int] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,8 @@ class JobOptions:
     max_retries: int = 3
     #: Seconds one attempt may run before it is failed.
     timeout: float | None = None
+    #: The limit keys the job holds while it runs: a list (1 unit each) or {key: units}.
+    limits: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         check_name(self.queue, "queue")
@@ -55,6 +61,7 @@ class JobOptions:
         check_retries(self.max_retries)
         object.__setattr__(self, "delay", seconds(self.delay, "delay"))
         object.__setattr__(self, "timeout", check_timeout(self.timeout))
+        object.__setattr__(self, "limits", limit_units(self.limits) or None)
         if self.run_at is not None:
             if self.delay is not None:
                 raise InvalidArgument("give delay or run_at, not both")
@@ -100,6 +107,20 @@ class Flag(NamedTuple):
     help: str
 
 
+def parse_limits(text: str) -> dict[str, int]:
+    """ "openai,openai-tokens=1200" -> {"openai": 1, "openai-tokens": 1200} (for flags)."""
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, _, amount = part.partition("=")
+        try:
+            out[key.strip()] = int(amount) if amount else 1
+        except ValueError:
+            raise InvalidArgument(f"limits {text!r}: {amount!r} is not a whole number of units") from None
+    return limit_units(out)
+
+
 FLAGS = (
     Flag("queue", ("--queue", "-q"), str, "queue name"),
     Flag("delay", ("--delay", "-d"), float, "seconds before it may run"),
@@ -107,6 +128,7 @@ FLAGS = (
     Flag("max_retries", ("--retries", "-r"), int, "retries after the first attempt (default 3)"),
     Flag("key", ("--key", "-k"), str, "idempotency key"),
     Flag("timeout", ("--timeout",), float, "seconds an attempt may run"),
+    Flag("limits", ("--limits",), parse_limits, "limit keys: a,b or a=2,tokens=1200"),
 )
 
 
@@ -198,3 +220,34 @@ def check_id(value: object) -> int:
     if not 0 < value < 2**63:
         raise JobNotFound(f"no job with id {value}")
     return value
+
+
+def limit_units(limits: object) -> dict[str, int]:
+    """A job's `limits=`: a list of keys (1 unit each) or a dict of key -> units, checked."""
+    if limits is None:
+        return {}
+    if isinstance(limits, str):
+        limits = [limits]
+    if isinstance(limits, Mapping):
+        pairs = list(limits.items())
+    elif isinstance(limits, Sequence):
+        pairs = [(key, 1) for key in limits]
+    else:
+        raise InvalidArgument(f"limits must be a list of keys or a dict of key -> units, not {limits!r}")
+    out: dict[str, int] = {}
+    for key, amount in pairs:
+        check_name(key, "limit key")
+        if isinstance(amount, bool) or not isinstance(amount, int) or not 1 <= amount < MAX_UNITS:
+            raise InvalidArgument(f"units of limit {key!r} must be a whole number >= 1, not {amount!r}")
+        out[key] = amount
+    return dict(sorted(out.items()))
+
+
+def gate(limits: Mapping[str, int]) -> str:
+    """The claim index groups jobs by the keys they hold: one line per set of keys."""
+    return json.dumps(sorted(limits)) if limits else ""
+
+
+def stored(limits: Mapping[str, int]) -> str | None:
+    """A job's limits as stored (JSON), or None for an unlimited job."""
+    return json.dumps(dict(sorted(limits.items())), separators=(",", ":")) if limits else None

@@ -12,22 +12,29 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .clock import to_us
+from .errors import Unretryable
 from .jobs import Job, State, Verdict
-from .retry import Backoff
+from .retry import Backoff, retry_after
 from .schedule import Cron, Every
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """What a failed attempt leads to: the state it moves to and, for a retry, the wait."""
+    """What a failed attempt leads to: the state it moves to and the wait (a retry, a snooze)."""
 
     verdict: Verdict
     delay_us: int = 0
+    note: str | None = None  # the error text to keep, when it is not the error's own
+    pause: bool = False  # a snooze that also pauses the job's limit keys
 
     @property
     def state(self) -> State:
-        """The job's next state: failed (waiting for its retry) or dead."""
-        return State.FAILED if self.verdict is Verdict.RETRY else State.DEAD
+        """The job's next state: failed (waiting for its retry), pending (snoozed) or dead."""
+        return {Verdict.RETRY: State.FAILED, Verdict.SNOOZE: State.PENDING}.get(self.verdict, State.DEAD)
+
+
+Errors = tuple[type[BaseException], ...]
+MAX_SNOOZES = 100
 
 
 def after_failure(
@@ -39,6 +46,38 @@ def after_failure(
         return Failure(Verdict.DEAD)
     policy = job.backoff or default
     return Failure(Verdict.RETRY, to_us(policy.delay(number, rng)))
+
+
+def after_error(
+    job: Job,
+    error: BaseException | str,
+    default: Backoff,
+    retry_on: Errors | None = None,
+    give_up_on: Errors = (),
+    retry: bool = True,
+) -> Failure:
+    """What an error leads to, by the job's and its task's rules.
+
+    A snooze (RetryAfter, an HTTP 429/503 with a delay) comes first, whatever the retry
+    policy: the job runs again then, no retry counted, until it has been snoozed 100
+    times. An error no retry can mend is dead at once. Then `give_up_on` (dead), then
+    `retry_on` when given (dead unless it matches); else retried by its backoff.
+    """
+    if isinstance(error, BaseException):
+        snooze = retry_after(error)
+        if snooze is not None:
+            if job.snoozes + 1 > MAX_SNOOZES:
+                return Failure(Verdict.DEAD, note=f"snoozed too often ({MAX_SNOOZES} times); last: {snooze}")
+            return Failure(
+                Verdict.SNOOZE, to_us(snooze.seconds), note=f"snoozed: {snooze}", pause=snooze.pause_limits
+            )
+        if isinstance(error, Unretryable):
+            return Failure(Verdict.DEAD)
+        if give_up_on and isinstance(error, give_up_on):
+            return Failure(Verdict.DEAD)
+        if retry_on is not None and not isinstance(error, retry_on):
+            return Failure(Verdict.DEAD)
+    return after_failure(job, default, retry)
 
 
 @dataclass(frozen=True, slots=True)

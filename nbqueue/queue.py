@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, Unpack, overload
 
@@ -18,8 +18,9 @@ from . import tasks as registry
 from .clock import Clock, Duration, seconds, to_us
 from .errors import InvalidArgument
 from .jobs import Job, State, Verdict
+from .limits import Limit, parse_rate
 from .manager import JobManager, Periodic
-from .options import JobArgs, JobOptions, check_hook, check_name, names, queue_names
+from .options import JobArgs, JobOptions, check_hook, check_name, limit_units, names, queue_names
 from .payload import call_body
 from .retry import Backoff
 from .storage import ClaimRequest, Filter, open_storage
@@ -94,6 +95,9 @@ class Queue:
         on_complete: Callable[[Job], object] | None = None,
         on_dead: Callable[[Job], object] | None = None,
         signed: bool = False,
+        limits: Sequence[str] | Mapping[str, int] | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -110,6 +114,9 @@ class Queue:
         on_complete: Callable[[Job], object] | None = None,
         on_dead: Callable[[Job], object] | None = None,
         signed: bool = False,
+        limits: Sequence[str] | Mapping[str, int] | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     ) -> Any:
         """Register a function as a task: ``@q.task`` or ``@q.task(max_retries=5, ...)``.
 
@@ -119,10 +126,21 @@ class Queue:
         committed; an error in a hook is logged, never lost silently. With `signed=True`
         the task runs only jobs that a process of this user queued (they are signed with a
         secret only this user can read); any other row naming it stays pending.
+
+        `limits` names the limit keys its jobs hold while they run (`q.limit` sets what a
+        key allows): a list, one unit each, or {key: units}. `retry_on` retries only those
+        errors (others are dead at once); `give_up_on` makes those dead at once (it wins when
+        both match). A snooze (`nbqueue.RetryAfter`, an HTTP 429/503 with Retry-After) applies
+        whatever they say.
         """
         options = JobOptions(
-            queue=queue, priority=priority, max_retries=max_retries, timeout=seconds(timeout, "timeout")
+            queue=queue,
+            priority=priority,
+            max_retries=max_retries,
+            timeout=seconds(timeout, "timeout"),
+            limits=limit_units(limits) or None,
         )
+        errors = error_types(retry_on, "retry_on"), error_types(give_up_on, "give_up_on") or ()
         if backoff is not None and not isinstance(backoff, Backoff):
             raise InvalidArgument("backoff must be an nbqueue.Backoff")
         hooks = check_hook(on_complete, "on_complete"), check_hook(on_dead, "on_dead")
@@ -140,6 +158,8 @@ class Queue:
                 on_complete=hooks[0],
                 on_dead=hooks[1],
                 signed=signed,
+                retry_on=errors[0],
+                give_up_on=errors[1],
             )
             registry.register(task)
             return task
@@ -311,6 +331,31 @@ class Queue:
         """Dead jobs as a DataFrame, with their last error, newest first."""
         return self.history(State.DEAD, queue, limit)
 
+    # -- limits ----------------------------------------------------------------
+
+    def limit(
+        self, key: str, *, concurrency: int | None = None, rate: str | None = None, burst: float = 0
+    ) -> None:
+        """Set what a limit key allows, for every worker of this queue: at most `concurrency`
+        units held by running jobs, and starts spaced to `rate` ("500/m", "10/s", "2/h") with
+        `burst` more at once after a quiet spell. Stored in the database."""
+        limit = Limit(key, concurrency, None if rate is None else parse_rate(rate), burst)
+        self.manager.define_limit(limit)
+
+    def pause(self, key: str, duration: Duration, why: str = "paused by hand") -> None:
+        """Start nothing that holds `key` for `duration` (seconds or a timedelta)."""
+        span = seconds(duration, "duration", allow_none=False) or 0.0
+        self.manager.pause([check_name(key, "limit key")], to_us(span), why)
+
+    def resume(self, key: str) -> bool:
+        """End a key's pause (a 429's, or one set by hand); False if it was not paused."""
+        return self.manager.resume(check_name(key, "limit key"))
+
+    def limits(self) -> pd.DataFrame:
+        """Every limit: key, concurrency, rate, burst, in_flight, waiting, paused_until, paused_why."""
+        rows, waiting_per_key, now_us = self.manager.limit_rows()
+        return frames.limits_frame(rows, dict(waiting_per_key), now_us)
+
     # -- waiting ---------------------------------------------------------------
 
     def result(self, job: Job | int, timeout: float | None = None) -> Any:
@@ -362,6 +407,19 @@ class Queue:
         return (
             f"<table><caption>nbqueue <code>{html.escape(str(self))}</code></caption><tr>{cells}</tr></table>"
         )
+
+
+def error_types(
+    value: type[BaseException] | tuple[type[BaseException], ...] | None, what: str
+) -> tuple[type[BaseException], ...] | None:
+    """An exception class, or a tuple of them, as a tuple (None stays None)."""
+    if value is None:
+        return None
+    found = value if isinstance(value, tuple) else (value,)
+    for kind in found:
+        if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+            raise InvalidArgument(f"{what} takes exception classes, not {kind!r}")
+    return found
 
 
 def statuses(value: str | Sequence[str]) -> tuple[State, ...]:

@@ -42,6 +42,8 @@ class Task(Generic[P, R]):
     backoff: Backoff | None = None
     opt_in: bool = False  # run only by workers that allow it by name (notebook code jobs)
     signed: bool = False  # run only jobs this user's processes queued (nbqueue.signing)
+    retry_on: tuple[type[BaseException], ...] | None = None  # only these errors are retried
+    give_up_on: tuple[type[BaseException], ...] = ()  # these errors are dead at once
     on_complete: Callable[[Job], object] | None = None  # called after the outcome is committed
     on_dead: Callable[[Job], object] | None = None
 
@@ -116,6 +118,12 @@ def restore(saved: dict[str, Task[Any, Any]]) -> None:
     with _registry_lock:
         _registry.clear()
         _registry.update(saved)
+
+
+def find(name: str | None) -> Task[Any, Any] | None:
+    """The task registered under `name`, or None."""
+    with _registry_lock:
+        return None if name is None else _registry.get(name)
 
 
 def lookup(name: str) -> Task[Any, Any]:

@@ -15,7 +15,7 @@ for "use the server's own clock" (passed only to a backend whose
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -40,6 +40,8 @@ class NewJob:
     backoff: str
     run_at_us: int | None = None  # ... unless an absolute run_at was given
     signature: str | None = None  # nbqueue.signing: the job was queued by this user's process
+    limits: str | None = None  # JSON {key: units} (nbqueue.limits), None for an unlimited job
+    gate: str = ""  # the job's set of limit keys, as the claim index groups them
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,15 @@ class Filter:
     def matches_nothing(self) -> bool:
         """No queue or no task allowed (a worker without handlers): a claim takes nothing."""
         return self.queues == () or self.tasks == ()
+
+
+Decide = Callable[
+    [list[tuple[int, str | None]], list[Row], list[Row], int], "tuple[int, dict[str, int]] | None"
+]
+"""Chooses a claim under limits: given the candidates (id, limits JSON) in claim order, the
+keys' stored states, the units running jobs hold and the time, the job to take and the keys'
+new TATs (or None). Decided above the storage (nbqueue.limits); the storage runs it inside
+the claim's transaction, with the keys locked."""
 
 
 class ClaimRequest(NamedTuple):
@@ -77,6 +88,46 @@ class Storage(Protocol):
 
     def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
         """Atomically take the best due job: highest priority, then earliest run_at, then id."""
+        ...
+
+    def limited_waiting(self, where: Filter) -> bool:
+        """True when a claimable job the filter allows holds limit keys (claims must weigh limits)."""
+        ...
+
+    def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
+        """Claim under limits, in one transaction: read the candidates and the keys' states
+        (locked), let `decide` choose, take that job and store the keys' new TATs."""
+        ...
+
+    def define_limit(self, key: str, concurrency: int | None, rate: float | None, burst: float) -> None:
+        """Store a key's limits (its TAT and pause are kept)."""
+        ...
+
+    def pause(self, keys: Sequence[str], until_us: int, why: str, now: int | None) -> None:
+        """Pause keys until then (a later pause already there is kept)."""
+        ...
+
+    def resume(self, key: str, now: int | None) -> bool:
+        """End a key's pause."""
+        ...
+
+    def limits(self) -> tuple[list[Row], list[Row], int]:
+        """Every limit (key, concurrency, rate, burst, tat, paused_until, paused_why, in_flight),
+        the claimable jobs waiting per key (key, n), and the time."""
+        ...
+
+    def snooze(
+        self,
+        job_id: int,
+        attempt: int,
+        delay_us: int,
+        note: str,
+        output: str | None,
+        pause: Sequence[str],
+        now: int | None,
+    ) -> bool:
+        """Running -> pending, due after delay_us, no retry counted (snoozes + 1), under the live
+        lease; and, in the same transaction, pause the `pause` keys for as long."""
         ...
 
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import secrets
 import threading
 import time
@@ -32,7 +33,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Filter, NewJob, Row
+from . import ClaimRequest, Decide, Filter, NewJob, Row
 from . import postgres_queries as sql
 
 try:
@@ -47,8 +48,8 @@ Params = dict[str, Any]
 TIDY_EVERY = 5.0  # seconds between folds of the count changes by a reader
 LOCKED_RETRY_SECONDS = 120.0  # a statement cancelled by a timeout (a lock held elsewhere) is retried
 _NEW_JOB_FIELDS = (
-    *("queue", "task", "payload", "priority", "key"),
-    *("max_retries", "delay_us", "run_at_us", "timeout", "backoff", "signature"),
+    *("queue", "task", "payload", "priority", "key", "max_retries", "delay_us"),
+    *("run_at_us", "timeout", "backoff", "signature", "limits", "gate"),
 )
 
 
@@ -293,6 +294,111 @@ class PostgresStorage:
             return None
         statement = sql.CLAIM_FROM_ANY_QUEUE if request.where.queues is None else sql.CLAIM_FROM_QUEUES
         return self._one(statement, {**self._claim_params(request), "now": now}, lost=sql.CLAIMED)
+
+    def limited_waiting(self, where: Filter) -> bool:
+        if where.matches_nothing:
+            return False
+        statement = (
+            sql.LIMITED_WAITING_IN_ANY_QUEUE if where.queues is None else sql.LIMITED_WAITING_IN_QUEUES
+        )
+        row = self._one(statement, _filter_params(where))
+        return bool(row and row[0])
+
+    def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
+        if request.where.matches_nothing:
+            return None
+        params = {**self._claim_params(request), "now": now}
+        statement = sql.HEADS_IN_ANY_QUEUE if request.where.queues is None else sql.HEADS_IN_QUEUES
+
+        def work(cur: psycopg.Cursor[Any]) -> Row | None:
+            cur.execute(statement, params)  # type: ignore[arg-type]
+            found = cur.fetchall()
+            if not found:
+                return None
+            moment = int(found[0][0])
+            heads = [(int(i), held) for _, i, held in found]
+            keys = sorted({key for _, held in heads if held for key in json.loads(held)})
+            states: list[Row] = []
+            running: list[Row] = []
+            if keys:  # locked: claims weighing one key take turns; what runs is read after the lock
+                cur.execute(sql.LOCK_KEYS, {"keys": keys})
+                states = cur.fetchall()
+                cur.execute(sql.IN_FLIGHT, {"keys": keys})
+                running = cur.fetchall()
+            while heads:
+                choice = decide(heads, states, running, moment)
+                if choice is None:
+                    return None
+                chosen, tats = choice
+                cur.execute(sql.TAKE_ID, {**params, "chosen": chosen})  # type: ignore[arg-type]
+                row: Row | None = cur.fetchone()
+                if row is not None:
+                    for key, tat in tats.items():
+                        cur.execute(sql.SET_TAT, {"key": key, "tat": tat})
+                    return row
+                heads = [head for head in heads if head[0] != chosen]  # another claim took it
+            return None
+
+        def committed() -> Row | None:
+            return self._one(sql.CLAIMED, params)
+
+        return self._run(work, transaction=True, committed=committed)
+
+    def define_limit(self, key: str, concurrency: int | None, rate: float | None, burst: float) -> None:
+        params = {"key": key, "concurrency": concurrency, "rate": rate, "burst": burst, "now": None}
+        self._one(sql.DEFINE_LIMIT, params)
+        self.notify()
+
+    def pause(self, keys: Sequence[str], until_us: int, why: str, now: int | None) -> None:
+        moment = now if now is not None else self.now()
+        assert moment is not None
+        self._one(sql.PAUSE, {"keys": list(keys), "delay": until_us - moment, "why": _clean(why), "now": now})
+
+    def resume(self, key: str, now: int | None) -> bool:
+        resumed = self._one(sql.RESUME, {"key": key, "now": now}) is not None
+        self.notify()
+        return resumed
+
+    def limits(self) -> tuple[list[Row], list[Row], int]:
+        moment = self.now()
+        assert moment is not None
+        return self._rows(sql.LIMITS), self._rows(sql.WAITING_PER_KEY), moment
+
+    def snooze(
+        self,
+        job_id: int,
+        attempt: int,
+        delay_us: int,
+        note: str,
+        output: str | None,
+        pause: Sequence[str],
+        now: int | None,
+    ) -> bool:
+        params: Params = {
+            "id": job_id,
+            "attempt": attempt,
+            "delay": delay_us,
+            "error": _clean(note),
+            "output": _clean(output),
+            "now": now,
+            "channel": self.channel,
+            "wake": True,
+            "keys": list(pause),
+            "why": _clean(note),
+        }
+
+        def work(cur: psycopg.Cursor[Any]) -> bool:
+            cur.execute(sql.SNOOZE, params)  # type: ignore[arg-type]
+            if cur.fetchone() is None:
+                return False
+            if pause:
+                cur.execute(sql.PAUSE, params)  # type: ignore[arg-type]
+            return True
+
+        def committed() -> bool | None:
+            return True if self._one(sql.SNOOZED, params) else None
+
+        return self._run(work, transaction=True, committed=committed)
 
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
         row = self._one(sql.HEARTBEAT, {"id": job_id, "attempt": attempt, "lease": lease_us, "now": now})

@@ -17,12 +17,13 @@ from .rules import (
     CLAIM_ORDER,
     CLAIMABLE_SQL,
     FINISHED_SQL,
+    HEADS,
     REQUEUEABLE_SQL,
     UNFINISHED_SQL,
     key_is_free,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
@@ -114,6 +115,18 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX nbqueue_enqueue_token ON {s}.nbqueue_jobs (enqueue_token) "
         "WHERE enqueue_token IS NOT NULL",
     ],
+    # Limits: the keys (and units) a job holds; the claim index groups jobs by their set of
+    # keys (the gate), so a full key's waiting jobs never stand in the way of other work.
+    5: [
+        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN limits TEXT, ADD COLUMN gate TEXT NOT NULL DEFAULT '', "
+        "ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0",
+        "DROP INDEX {s}.nbqueue_claim_queue",
+        f"CREATE INDEX nbqueue_claim ON {{s}}.nbqueue_jobs (queue, gate, {CLAIM_ORDER}) "
+        f"WHERE {CLAIMABLE_SQL}",
+        "CREATE TABLE {s}.nbqueue_limits (key TEXT PRIMARY KEY, concurrency INTEGER, rate DOUBLE PRECISION, "
+        "burst DOUBLE PRECISION NOT NULL DEFAULT 0, tat BIGINT NOT NULL DEFAULT 0, paused_until BIGINT, "
+        "paused_why TEXT, updated_at BIGINT NOT NULL)",
+    ],
 }
 
 SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
@@ -142,19 +155,25 @@ def _pick(waiting: str, gate: str = "") -> str:
     """CTEs that pick the best due job: each queue's head (locked, skipping locked rows), then the best."""
     return (
         f"{waiting}, pick AS (SELECT k.id FROM waiting CROSS JOIN LATERAL (SELECT id, priority, run_at "
-        f"FROM nbqueue_jobs WHERE {CLAIMABLE_SQL} AND queue = waiting.name AND run_at <= (SELECT now FROM c) "
-        f"AND {TASK_ALLOWED}{gate} ORDER BY {CLAIM_ORDER} LIMIT 1 FOR UPDATE SKIP LOCKED) k "
+        f"FROM nbqueue_jobs WHERE {CLAIMABLE_SQL} AND queue = waiting.name AND gate = '' "
+        f"AND run_at <= (SELECT now FROM c) AND {TASK_ALLOWED}{gate} ORDER BY {CLAIM_ORDER} LIMIT 1 "
+        "FOR UPDATE SKIP LOCKED) k "
         "WHERE waiting.name IS NOT NULL ORDER BY k.priority DESC, k.run_at, k.id LIMIT 1)"
     )
 
 
-TAKE = (
-    "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = %(worker)s, "
-    "claim_token = %(token)s, "
-    "lease_until = c.now + %(lease)s, lease_us = %(lease)s, started_at = c.now, updated_at = c.now, "
-    "progress_done = NULL, progress_total = NULL, progress_message = NULL "
-    f"FROM c WHERE id = (SELECT id FROM pick) {RETURNING_JOB}"
-)
+def _take(chosen: str) -> str:
+    """The claim's UPDATE of the `chosen` job (a SQL expression for its id)."""
+    return (
+        "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = %(worker)s, "
+        "claim_token = %(token)s, "
+        "lease_until = c.now + %(lease)s, lease_us = %(lease)s, started_at = c.now, updated_at = c.now, "
+        "progress_done = NULL, progress_total = NULL, progress_message = NULL "
+        f"FROM c WHERE id = {chosen} {RETURNING_JOB}"
+    )
+
+
+TAKE = _take("(SELECT id FROM pick)")
 LIVE_CLAIM = "id = %(id)s AND status = 'running' AND attempts = %(attempt)s"
 DONE = (
     "done AS (UPDATE nbqueue_jobs SET status = 'completed', result = %(result)s, output = %(output)s, "
@@ -184,8 +203,83 @@ def _next_due(waiting: str) -> str:
     )
 
 
+def _heads(waiting: str) -> str:
+    # Every (queue, gate) with claimable jobs, by skip scans of the claim index, and the best
+    # due job of each: the few candidates a claim under limits chooses from.
+    pairs = (
+        "pairs(queue, gate) AS (SELECT name, (SELECT min(gate) FROM nbqueue_jobs "
+        f"WHERE {CLAIMABLE_SQL} AND queue = waiting.name) FROM waiting WHERE name IS NOT NULL "
+        f"UNION ALL SELECT queue, (SELECT min(j.gate) FROM nbqueue_jobs j WHERE {CLAIMABLE_SQL} "
+        "AND j.queue = pairs.queue AND j.gate > pairs.gate) FROM pairs WHERE gate IS NOT NULL)"
+    )
+    return (
+        f"WITH RECURSIVE {CLOCK}, {waiting}, {pairs} SELECT (SELECT now FROM c), h.id, h.limits FROM pairs "
+        "CROSS JOIN LATERAL (SELECT id, limits, priority, run_at FROM nbqueue_jobs j "
+        f"WHERE {CLAIMABLE_SQL} AND j.queue = pairs.queue AND j.gate = pairs.gate "
+        f"AND j.run_at <= (SELECT now FROM c) AND {TASK_ALLOWED} ORDER BY {CLAIM_ORDER} LIMIT 1) h "
+        f"WHERE pairs.gate IS NOT NULL ORDER BY h.priority DESC, h.run_at, h.id LIMIT {HEADS}"
+    )
+
+
+def _limited_waiting(waiting: str) -> str:
+    return (
+        f"WITH RECURSIVE {waiting} SELECT count(*) FROM waiting WHERE name IS NOT NULL AND EXISTS "
+        f"(SELECT 1 FROM nbqueue_jobs j WHERE {CLAIMABLE_SQL} AND j.queue = waiting.name AND j.gate > '')"
+    )
+
+
 CLAIM_FROM_QUEUES = _claim(NAMED_QUEUES)
 CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
+HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
+HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
+LIMITED_WAITING_IN_QUEUES = _limited_waiting(NAMED_QUEUES)
+LIMITED_WAITING_IN_ANY_QUEUE = _limited_waiting(EVERY_WAITING_QUEUE)
+# The job a claim under limits chose, if it is still claimable and no other claim holds it.
+TAKE_ID = f"WITH {CLOCK} " + _take(
+    f"(SELECT id FROM nbqueue_jobs WHERE id = %(chosen)s AND {CLAIMABLE_SQL} FOR UPDATE SKIP LOCKED)"
+)
+
+# -- limits --------------------------------------------------------------------------------
+
+# The keys a claim weighs, locked in a fixed order (no deadlock): claims under one key take turns.
+LOCK_KEYS = (
+    "SELECT key, concurrency, rate, burst, tat, paused_until FROM nbqueue_limits "
+    "WHERE key = ANY(%(keys)s::text[]) ORDER BY key FOR UPDATE"
+)
+# Units of each key that running jobs hold, counted from the jobs themselves (a crashed
+# worker's units come back with its lease): only the running jobs are read.
+IN_FLIGHT = (
+    "SELECT held.key, sum(held.value::bigint) FROM nbqueue_jobs, jsonb_each_text(limits::jsonb) AS held "
+    "WHERE status = 'running' AND limits IS NOT NULL AND held.key = ANY(%(keys)s::text[]) GROUP BY held.key"
+)
+SET_TAT = "UPDATE nbqueue_limits SET tat = %(tat)s WHERE key = %(key)s"
+DEFINE_LIMIT = (
+    f"WITH {CLOCK} INSERT INTO nbqueue_limits (key, concurrency, rate, burst, updated_at) "
+    "SELECT %(key)s, %(concurrency)s, %(rate)s, %(burst)s, now FROM c ON CONFLICT (key) DO UPDATE SET "
+    "concurrency = excluded.concurrency, rate = excluded.rate, burst = excluded.burst, "
+    "updated_at = excluded.updated_at"
+)
+PAUSE = (
+    f"WITH {CLOCK} INSERT INTO nbqueue_limits (key, paused_until, paused_why, updated_at) "
+    "SELECT key, c.now + %(delay)s, %(why)s, c.now FROM c, unnest(%(keys)s::text[]) AS key "
+    "ON CONFLICT (key) DO UPDATE SET "
+    "paused_until = greatest(nbqueue_limits.paused_until, excluded.paused_until), "
+    "paused_why = excluded.paused_why, updated_at = excluded.updated_at"
+)
+RESUME = (
+    f"WITH {CLOCK} UPDATE nbqueue_limits SET paused_until = NULL, paused_why = NULL, updated_at = c.now "
+    "FROM c WHERE key = %(key)s RETURNING 1"
+)
+LIMITS = (
+    "SELECT key, concurrency, rate, burst, tat, paused_until, paused_why, "
+    "(SELECT coalesce(sum(held.value::bigint), 0) FROM nbqueue_jobs, jsonb_each_text(limits::jsonb) AS held "
+    "WHERE status = 'running' AND limits IS NOT NULL AND held.key = nbqueue_limits.key) "
+    "FROM nbqueue_limits ORDER BY key"
+)
+WAITING_PER_KEY = (
+    "SELECT held.key, count(*) FROM nbqueue_jobs, jsonb_each_text(limits::jsonb) AS held "
+    f"WHERE {CLAIMABLE_SQL} AND gate > '' GROUP BY held.key"
+)
 COMPLETE_THEN_CLAIM_FROM_QUEUES = _complete_then_claim(NAMED_QUEUES)
 COMPLETE_THEN_CLAIM_FROM_ANY_QUEUE = _complete_then_claim(EVERY_WAITING_QUEUE)
 COMPLETE = f"WITH {CLOCK}, {DONE} SELECT count(*) FROM done"
@@ -193,7 +287,8 @@ NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)
 NEXT_DUE_IN_ANY_QUEUE = _next_due(EVERY_WAITING_QUEUE)
 
 _NEW_COLUMNS = (
-    "queue, task, payload, priority, key, max_retries, delay_us, run_at_us, timeout, backoff, signature"
+    "queue, task, payload, priority, key, max_retries, delay_us, run_at_us, timeout, backoff, signature, "
+    "limits, gate"
 )
 # All rows in one INSERT ... SELECT FROM unnest: atomic, one round trip. A row whose key an
 # unfinished job holds is skipped (the caller then reads that job's id).
@@ -201,12 +296,12 @@ INSERT = (
     f"WITH {CLOCK}, new AS (SELECT * FROM unnest(%(queue)s::text[], %(task)s::text[], "
     "%(payload)s::text[], %(priority)s::bigint[], %(key)s::text[], %(max_retries)s::int[], "
     "%(delay_us)s::bigint[], %(run_at_us)s::bigint[], %(timeout)s::float8[], %(backoff)s::text[], "
-    "%(signature)s::text[]) "
+    "%(signature)s::text[], %(limits)s::text[], %(gate)s::text[]) "
     f"WITH ORDINALITY AS r({_NEW_COLUMNS}, n)), "
     "ins AS (INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, "
-    "created_at, updated_at, timeout, backoff, signature, enqueue_token) SELECT 'pending', queue, task, "
-    "payload, priority, key, max_retries, coalesce(run_at_us, c.now + delay_us), c.now, c.now, timeout, "
-    "backoff, signature, %(token)s FROM new, c ORDER BY n "
+    "created_at, updated_at, timeout, backoff, signature, limits, gate, enqueue_token) SELECT 'pending', "
+    "queue, task, payload, priority, key, max_retries, coalesce(run_at_us, c.now + delay_us), c.now, c.now, "
+    "timeout, backoff, signature, limits, gate, %(token)s FROM new, c ORDER BY n "
     f"ON CONFLICT (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL} DO NOTHING RETURNING id), "
     "woke AS (SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT 1 FROM ins)) "
     "SELECT id FROM ins, (SELECT count(*) FROM woke) w ORDER BY id"
@@ -249,6 +344,12 @@ def _fail(lease_test: str) -> str:
 
 FAIL = _fail("lease_until > c.now")
 FAIL_EXPIRED = _fail("lease_until <= c.now")
+SNOOZE = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', error = %(error)s, output = %(output)s, "
+    "snoozes = snoozes + 1, run_at = c.now + %(delay)s, lease_until = NULL, worker_id = NULL, "
+    f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} AND lease_until > c.now RETURNING {_WAKE}"
+)
+SNOOZED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'pending'"
 RELEASE = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, "
     f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} RETURNING {_WAKE}"

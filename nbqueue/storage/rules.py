@@ -46,6 +46,9 @@ def key_is_free(chosen: str) -> str:
     )
 
 
+#: Candidates a claim under limits weighs: the best due job of each (queue, set of keys).
+HEADS = 64
+
 #: Characters of error text a listing reads (the end, where the exception is).
 BRIEF_ERROR = 2000
 

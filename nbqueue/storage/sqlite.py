@@ -31,7 +31,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Filter, NewJob, Row
+from . import ClaimRequest, Decide, Filter, NewJob, Row
 from . import sqlite_queries as sql
 
 BUSY_TIMEOUT_MS = 10_000
@@ -292,6 +292,90 @@ class SQLiteStorage:
         now = _stamp(now)
         return self._write(lambda conn: _claim(conn, request, now))
 
+    def limited_waiting(self, where: Filter) -> bool:
+        if where.matches_nothing:
+            return False
+        statement = (
+            sql.LIMITED_WAITING_IN_ANY_QUEUE if where.queues is None else sql.LIMITED_WAITING_IN_QUEUES
+        )
+        return bool(self._read(statement, _filter_params(where))[0][0])
+
+    def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
+        now = _stamp(now)
+        where, worker_id, lease_us = request
+        if where.matches_nothing:
+            return None
+        statement = sql.HEADS_IN_ANY_QUEUE if where.queues is None else sql.HEADS_IN_QUEUES
+
+        def work(conn: sqlite3.Connection) -> Row | None:  # BEGIN IMMEDIATE: the keys are ours
+            heads = conn.execute(statement, {**_filter_params(where), "now": now}).fetchall()
+            keys = _ids(sorted({key for _, held in heads if held for key in json.loads(held)}))
+            states = conn.execute(sql.LIMIT_STATES, {"keys": keys}).fetchall() if keys else []
+            running = conn.execute(sql.IN_FLIGHT, {"keys": keys}).fetchall() if keys else []
+            choice = decide([(int(i), held) for i, held in heads], states, running, now)
+            if choice is None:
+                return None
+            job_id, tats = choice
+            row: Row | None = conn.execute(
+                sql.TAKE_ID, {"id": job_id, "worker": worker_id, "lease": lease_us, "now": now}
+            ).fetchone()
+            for key, tat in tats.items():
+                conn.execute(sql.SET_TAT, {"key": key, "tat": tat})
+            return row
+
+        return self._write(work)
+
+    def define_limit(self, key: str, concurrency: int | None, rate: float | None, burst: float) -> None:
+        params = {"key": key, "concurrency": concurrency, "rate": rate, "burst": burst, "now": _stamp(None)}
+        self._change(sql.DEFINE_LIMIT, params)
+        self.notify()
+
+    def pause(self, keys: Sequence[str], until_us: int, why: str, now: int | None) -> None:
+        now = _stamp(now)
+        self._write(
+            lambda conn: conn.executemany(
+                sql.PAUSE, [{"key": k, "until": until_us, "why": why, "now": now} for k in keys]
+            )
+        )
+
+    def resume(self, key: str, now: int | None) -> bool:
+        resumed = self._change(sql.RESUME, {"key": key, "now": _stamp(now)}) == 1
+        self.notify()
+        return resumed
+
+    def limits(self) -> tuple[list[Row], list[Row], int]:
+        return self._read(sql.LIMITS), self._read(sql.WAITING_PER_KEY), _stamp(None)
+
+    def snooze(
+        self,
+        job_id: int,
+        attempt: int,
+        delay_us: int,
+        note: str,
+        output: str | None,
+        pause: Sequence[str],
+        now: int | None,
+    ) -> bool:
+        now = _stamp(now)
+        params = {
+            "id": job_id,
+            "attempt": attempt,
+            "delay": delay_us,
+            "error": note,
+            "output": output,
+            "now": now,
+        }
+
+        def work(conn: sqlite3.Connection) -> bool:
+            if conn.execute(sql.SNOOZE, params).rowcount != 1:
+                return False
+            conn.executemany(
+                sql.PAUSE, [{"key": k, "until": now + delay_us, "why": note, "now": now} for k in pause]
+            )
+            return True
+
+        return self._write(work)
+
     def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
         params = {"id": job_id, "attempt": attempt, "lease": lease_us, "now": _stamp(now)}
         row = self._write(lambda conn: conn.execute(sql.HEARTBEAT, params).fetchone())
@@ -518,7 +602,7 @@ def _insert_row(j: NewJob, now: int) -> tuple[Any, ...]:
     """The values of sql.INSERT, in its order."""
     run_at = now + j.delay_us if j.run_at_us is None else j.run_at_us
     queued = (j.queue, j.task, j.payload, j.priority, j.key, j.max_retries)
-    return (*queued, run_at, now, now, j.timeout, j.backoff, j.signature)
+    return (*queued, run_at, now, now, j.timeout, j.backoff, j.signature, j.limits, j.gate)
 
 
 def _split_sql(script: str) -> list[str]:

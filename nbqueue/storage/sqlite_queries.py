@@ -15,12 +15,13 @@ from .rules import (
     CLAIM_ORDER,
     CLAIMABLE_SQL,
     FINISHED_SQL,
+    HEADS,
     REQUEUEABLE_SQL,
     UNFINISHED_SQL,
     key_is_free,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 NEXT_DUE_SCAN = 10_000  # claim-index entries per queue read to find the earliest due job
 
@@ -98,6 +99,19 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE nbqueue_jobs ADD COLUMN claim_token INTEGER;
     CREATE INDEX nbqueue_enqueue_token ON nbqueue_jobs (enqueue_token) WHERE enqueue_token IS NOT NULL;
     """,
+    # Limits: the keys (and units) a job holds; the claim index groups jobs by their set of
+    # keys (the gate), so a full key's waiting jobs never stand in the way of other work.
+    5: f"""
+    ALTER TABLE nbqueue_jobs ADD COLUMN limits TEXT;
+    ALTER TABLE nbqueue_jobs ADD COLUMN gate TEXT NOT NULL DEFAULT '';
+    ALTER TABLE nbqueue_jobs ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
+    DROP INDEX nbqueue_claim_queue;
+    CREATE INDEX nbqueue_claim ON nbqueue_jobs (queue, gate, {CLAIM_ORDER}) WHERE {CLAIMABLE_SQL};
+    CREATE TABLE nbqueue_limits (
+        key TEXT PRIMARY KEY, concurrency INTEGER, rate REAL, burst REAL NOT NULL DEFAULT 0,
+        tat INTEGER NOT NULL DEFAULT 0, paused_until INTEGER, paused_why TEXT, updated_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    """,
 }
 
 SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
@@ -105,7 +119,8 @@ SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
 BRIEF = {"payload": "'null'", "result": "NULL", "output": "NULL", "error": f"substr(error, -{BRIEF_ERROR})"}
 SELECT_BRIEF = f"SELECT {', '.join(BRIEF.get(c, c) for c in COLUMNS)} FROM nbqueue_jobs"
 RETURNING_JOB = f"RETURNING {', '.join(COLUMNS)}"
-CLAIM_INDEX = "nbqueue_jobs INDEXED BY nbqueue_claim_queue"
+CLAIM_INDEX = "nbqueue_jobs INDEXED BY nbqueue_claim"
+CLAIM_AS_J = "nbqueue_jobs AS j INDEXED BY nbqueue_claim"
 # Tasks this claim may take; of `signed` tasks, only jobs that carry a signature (checked after).
 TASK_ALLOWED = (
     "(:tasks IS NULL OR task IN (SELECT value FROM json_each(:tasks))) AND (signature IS NOT NULL "
@@ -124,17 +139,46 @@ EVERY_WAITING_QUEUE = (
 )
 
 
+TAKE = (
+    "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = :worker, "
+    "lease_until = :now + :lease, lease_us = :lease, started_at = :now, updated_at = :now, "
+    "progress_done = NULL, progress_total = NULL, progress_message = NULL"
+)
+
+
 def _claim(waiting: str) -> str:
-    # One index seek per queue for its best due job, then the best of those few.
+    # One index seek per queue for its best due job that holds no limit key, then the best.
     return (
         f"WITH RECURSIVE {waiting}, heads(id) AS (SELECT (SELECT id FROM {CLAIM_INDEX} "
-        f"WHERE {CLAIMABLE_SQL} AND queue = waiting.name AND run_at <= :now AND {TASK_ALLOWED} "
+        f"WHERE {CLAIMABLE_SQL} AND queue = waiting.name AND gate = '' AND run_at <= :now AND {TASK_ALLOWED} "
         f"ORDER BY {CLAIM_ORDER} LIMIT 1) FROM waiting WHERE waiting.name IS NOT NULL) "
-        "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = :worker, "
-        "lease_until = :now + :lease, lease_us = :lease, started_at = :now, updated_at = :now, "
-        "progress_done = NULL, progress_total = NULL, progress_message = NULL "
-        f"WHERE id = (SELECT id FROM nbqueue_jobs WHERE id IN (SELECT id FROM heads) ORDER BY {CLAIM_ORDER} "
-        f"LIMIT 1) {RETURNING_JOB}"
+        f"{TAKE} WHERE id = (SELECT id FROM nbqueue_jobs WHERE id IN (SELECT id FROM heads) "
+        f"ORDER BY {CLAIM_ORDER} LIMIT 1) {RETURNING_JOB}"
+    )
+
+
+def _heads(waiting: str) -> str:
+    # Every (queue, gate) with claimable jobs, by skip scans of the claim index, and the best
+    # due job of each: the few candidates a claim under limits chooses from.
+    pairs = (
+        "pairs(queue, gate) AS (SELECT name, (SELECT min(gate) FROM "
+        f"{CLAIM_INDEX} WHERE {CLAIMABLE_SQL} AND queue = waiting.name) FROM waiting WHERE name IS NOT NULL "
+        f"UNION ALL SELECT queue, (SELECT min(gate) FROM {CLAIM_AS_J} WHERE {CLAIMABLE_SQL} "
+        "AND j.queue = pairs.queue AND j.gate > pairs.gate) FROM pairs WHERE gate IS NOT NULL)"
+    )
+    return (
+        f"WITH RECURSIVE {waiting}, {pairs}, heads(id) AS (SELECT (SELECT id FROM {CLAIM_AS_J} "
+        f"WHERE {CLAIMABLE_SQL} AND j.queue = pairs.queue AND j.gate = pairs.gate AND run_at <= :now "
+        f"AND {TASK_ALLOWED} ORDER BY {CLAIM_ORDER} LIMIT 1) FROM pairs WHERE gate IS NOT NULL) "
+        f"SELECT id, limits FROM nbqueue_jobs WHERE id IN (SELECT id FROM heads) ORDER BY {CLAIM_ORDER} "
+        f"LIMIT {HEADS}"
+    )
+
+
+def _limited_waiting(waiting: str) -> str:
+    return (
+        f"WITH RECURSIVE {waiting} SELECT count(*) FROM waiting WHERE name IS NOT NULL AND EXISTS "
+        f"(SELECT 1 FROM {CLAIM_AS_J} WHERE {CLAIMABLE_SQL} AND j.queue = waiting.name AND j.gate > '')"
     )
 
 
@@ -149,13 +193,58 @@ def _next_due(waiting: str) -> str:
 
 CLAIM_FROM_QUEUES = _claim(NAMED_QUEUES)
 CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
+HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
+HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
+LIMITED_WAITING_IN_QUEUES = _limited_waiting(NAMED_QUEUES)
+LIMITED_WAITING_IN_ANY_QUEUE = _limited_waiting(EVERY_WAITING_QUEUE)
+TAKE_ID = f"{TAKE} WHERE id = :id AND {CLAIMABLE_SQL} {RETURNING_JOB}"
+
+# -- limits --------------------------------------------------------------------------------
+
+KEYS = "(SELECT value FROM json_each(:keys))"
+LIMIT_STATES = (
+    f"SELECT key, concurrency, rate, burst, tat, paused_until FROM nbqueue_limits WHERE key IN {KEYS}"
+)
+# Units of each key that running jobs hold, counted from the jobs themselves (a crashed
+# worker's units come back with its lease): only the running jobs are read.
+IN_FLIGHT = (
+    "SELECT held.key, sum(held.value) FROM nbqueue_jobs INDEXED BY nbqueue_lease, "
+    f"json_each(nbqueue_jobs.limits) AS held WHERE status = 'running' AND held.key IN {KEYS} "
+    "GROUP BY held.key"
+)
+SET_TAT = "UPDATE nbqueue_limits SET tat = :tat WHERE key = :key"
+DEFINE_LIMIT = (
+    "INSERT INTO nbqueue_limits (key, concurrency, rate, burst, updated_at) "
+    "VALUES (:key, :concurrency, :rate, :burst, :now) ON CONFLICT (key) DO UPDATE SET "
+    "concurrency = excluded.concurrency, rate = excluded.rate, burst = excluded.burst, "
+    "updated_at = excluded.updated_at"
+)
+PAUSE = (
+    "INSERT INTO nbqueue_limits (key, paused_until, paused_why, updated_at) "
+    "VALUES (:key, :until, :why, :now) "
+    "ON CONFLICT (key) DO UPDATE SET paused_until = max(coalesce(paused_until, 0), excluded.paused_until), "
+    "paused_why = excluded.paused_why, updated_at = excluded.updated_at"
+)
+RESUME = (
+    "UPDATE nbqueue_limits SET paused_until = NULL, paused_why = NULL, updated_at = :now WHERE key = :key"
+)
+LIMITS = (
+    "SELECT key, concurrency, rate, burst, tat, paused_until, paused_why, "
+    "(SELECT coalesce(sum(held.value), 0) "
+    "FROM nbqueue_jobs INDEXED BY nbqueue_lease, json_each(nbqueue_jobs.limits) AS held "
+    "WHERE status = 'running' AND held.key = nbqueue_limits.key) FROM nbqueue_limits ORDER BY key"
+)
+WAITING_PER_KEY = (
+    "SELECT held.key, count(*) FROM nbqueue_jobs, json_each(nbqueue_jobs.limits) AS held "
+    f"WHERE {CLAIMABLE_SQL} AND gate > '' GROUP BY held.key"
+)
 NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)
 NEXT_DUE_IN_ANY_QUEUE = _next_due(EVERY_WAITING_QUEUE)
 
 INSERT = (
     "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, "
-    "created_at, updated_at, timeout, backoff, signature) "
-    "VALUES ('pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "created_at, updated_at, timeout, backoff, signature, limits, gate) "
+    "VALUES ('pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = :key AND {UNFINISHED_SQL}"
 
@@ -184,6 +273,11 @@ def _fail(lease_test: str) -> str:
 
 FAIL = _fail("lease_until > :now")
 FAIL_EXPIRED = _fail("lease_until <= :now")
+SNOOZE = (
+    "UPDATE nbqueue_jobs SET status = 'pending', error = :error, output = :output, snoozes = snoozes + 1, "
+    f"run_at = :now + :delay, lease_until = NULL, worker_id = NULL, updated_at = :now WHERE {LIVE_CLAIM} "
+    "AND lease_until > :now"
+)
 RELEASE = (
     "UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, updated_at = :now "
     f"WHERE {LIVE_CLAIM}"

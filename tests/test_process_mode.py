@@ -161,3 +161,28 @@ def test_process_mode_child_reports_progress_though_the_parent_was_writing_at_th
     assert forks >= 1  # the write really was open when the child was forked
     assert done.status == "completed", f"the child hung on its progress write: {done.error}"
     assert done.progress == Progress(1, 2, "half way")
+
+
+def test_stop_kills_a_hung_child_releases_its_job_and_returns_true(queue: Queue, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+
+    @queue.task(name="lr.hangs_at_stop")
+    def hangs(path: str) -> str:
+        write_pid(path)
+        time.sleep(60)
+        return "never"
+
+    job = hangs.enqueue(str(pid_file))
+    worker = queue.worker(lease=5, mode="process").start()
+    try:
+        [pid] = wait_until(lambda: read_pids(pid_file), 20, "the child started")
+        assert alive(pid)
+        assert worker.stop(timeout=1) is True
+        assert not worker.running
+        wait_until(lambda: not alive(pid), 5, "the child killed")
+    finally:
+        kill_all(read_pids(pid_file))
+    released = queue.get(job.id)
+    assert released.status == "pending"
+    assert released.retries == 0
+    assert released.error is None

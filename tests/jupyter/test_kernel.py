@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from jupyter_client.manager import KernelManager, start_new_kernel
 
-pytestmark = pytest.mark.slow  # run by make test, not make test-fast
-
 from nbqueue import Queue, State
 from tests.helpers import wait_until
+
+pytestmark = pytest.mark.slow  # run by make test, not make test-fast
 
 N_JOBS = 20
 SHOWN = ("stream", "display_data", "execute_result", "update_display_data", "error")

@@ -10,7 +10,6 @@ timeouts, notices cancellations, enqueues periodic tasks and prunes old jobs.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import threading
@@ -331,8 +330,6 @@ class Worker:
             if self.mode == "process":
                 outcome = run_in_child(job, handler.fn, context.cancel, job.timeout, report)
                 buffer.write(outcome.output or "")
-                if outcome.ending is Ending.RETURNED:
-                    outcome = Outcome(Ending.RETURNED, json.loads(outcome.value))
             else:
                 with captured(buffer), running(context):
                     outcome = Outcome(Ending.RETURNED, handler.fn(*job.args, **job.kwargs))
@@ -364,7 +361,7 @@ class Worker:
                     return following
                 except PayloadError as exc:
                     value = exc
-            verdict = self.manager.fail(job, value, output)
+            verdict = self.manager.fail(job, value, output, retry=outcome.retry)
             self._tally(failed=1)
             log.info("job %d failed (%s): %s", job.id, verdict, _last_line(value))
             if verdict is Verdict.DEAD:

@@ -375,45 +375,31 @@ class Worker:
     # -- heartbeats, recovery, timeouts ------------------------------------------
 
     def _keeper(self) -> None:
-        beat_every = self.lease / 3
-        tidy_every = TIDY_EVERY
-        prune_every = None if self.retention is None else min(60.0, max(1.0, self.retention / 10))
-        last_beat = last_recover = last_cancel = last_periodic = last_prune = last_tidy = -float("inf")
+        chores: list[tuple[float, Callable[[], object]]] = [
+            (self.recover_interval, lambda: self._guard(self._recover)),
+            (self.lease / 3, self._beat),
+            (CANCEL_EVERY, lambda: self._guard(self._watch_cancellations)),
+            (PERIODIC_EVERY, lambda: self._guard(lambda: self.manager.tick_periodic(self._filter().tasks))),
+            (TIDY_EVERY, lambda: self._guard(self.manager.tidy)),
+        ]
+        if self.retention is not None:
+            chores.append((min(60.0, max(1.0, self.retention / 10)), lambda: self._guard(self._prune)))
+        last = [-float("inf")] * len(chores)
         while not self._stopping.is_set():
             self._keeper_wake.clear()  # before reading the deadlines: a later wake-up is never lost
-            now = time.monotonic()
-            if now - last_recover >= self.recover_interval:
-                last_recover = now
-                self._guard(self._recover)
-            if now - last_beat >= beat_every:
-                last_beat = now
-                self._beat()
-            if now - last_cancel >= CANCEL_EVERY:
-                last_cancel = now
-                self._guard(self._watch_cancellations)
-            if now - last_periodic >= PERIODIC_EVERY:
-                last_periodic = now
-                self._guard(lambda: self.manager.tick_periodic(self._filter().tasks))
-            if now - last_tidy >= tidy_every:
-                last_tidy = now
-                self._guard(self.manager.tidy)
-            if prune_every is not None and now - last_prune >= prune_every:
-                last_prune = now
-                self._guard(self._prune)
+            for index, (every, chore) in enumerate(chores):
+                if time.monotonic() - last[index] >= every:
+                    last[index] = time.monotonic()
+                    chore()
+            due = [at + every for at, (every, _) in zip(last, chores, strict=True)]
             if self.mode == "thread":  # a process-mode runner enforces its job's timeout itself
                 self._expire_timeouts()
-            due = [
-                last_recover + self.recover_interval,
-                last_beat + beat_every,
-                last_cancel + CANCEL_EVERY,
-                last_periodic + PERIODIC_EVERY,
-                last_tidy + tidy_every,
-            ]
-            if prune_every is not None:
-                due.append(last_prune + prune_every)
-            if self.mode == "thread":
                 with self._state:  # wake exactly at the next timeout, not on a coarse tick
-                    due += [f.started + f.job.timeout for f in self._in_flight.values() if f.job.timeout]
+                    due += [
+                        f.started + f.job.timeout
+                        for f in self._in_flight.values()
+                        if f.job.timeout is not None
+                    ]
             self._keeper_wake.wait(max(0.0, min(due) - time.monotonic()))
 
     def _recover(self) -> None:

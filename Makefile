@@ -1,6 +1,8 @@
-# Every target installs what it needs into .venv itself, so a fresh clone works.
+# Every target installs what it needs into $(VENV) itself, so a fresh clone works. Another
+# interpreter gets a venv of its own beside the first:
+#   make test PYTHON=/root/.pyenv/versions/3.13.0/bin/python3.13 VENV=.venv-3.13
 PYTHON ?= python3
-VENV   := .venv
+VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=120

@@ -1,15 +1,44 @@
-"""Process mode: one job in a child process, killed at its timeout or when cancelled.
+"""Process mode: one job in a child process, killed at its timeout, on cancel or at stop.
 
-The child is forked, so notebook functions work too. It never touches the
-database (SQLite state inherited across a fork must not be used): its
-`nbqueue.progress()` reports go up the pipe and the parent records them; it
-captures what it prints and sends back the result as JSON text or the traceback.
+Which handlers each mode can run:
+
+- thread mode (the default) runs any callable: it is called in the worker's thread.
+- process mode sends the handler to the child *by value* with cloudpickle (as Dask,
+  Ray and joblib do): module functions, functions defined in a notebook or in
+  `__main__`, and closures over picklable values all work. A handler that holds
+  something no other process can use (it closes over, or reads as a global, an open
+  socket, a lock, a database connection, a Queue...) cannot be sent: its job fails
+  at once with an error that says so, and goes dead (a retry could not succeed).
+  Run such a handler in thread mode, or have it open what it needs itself.
+
+Children come from multiprocessing's fork server, a single-threaded process started
+once with nbqueue preloaded that forks each child ("spawn" where there is no fork
+server). The worker's own process is never forked: it has threads (a Jupyter kernel
+always does), and a fork copies locks that another thread may hold, so the child
+could deadlock (Python 3.12+ warns about it). As with any multiprocessing start
+method but fork, a script that starts a process-mode worker does so under
+`if __name__ == "__main__":`.
+
+Trust runs one way. The parent pickles the job and the handler (it trusts itself);
+the child answers in JSON only, as bytes over a pipe: progress reports, the result
+as JSON text, the error's traceback text, what it printed. The parent never
+unpickles anything the child sends, so a handler cannot run code in the worker;
+a message that is not nbqueue's JSON fails the job.
+
+The child starts a session of its own: a timeout, a cancel or stop kills its whole
+process group, so subprocesses the handler started die with it. The child never
+touches the database: `nbqueue.progress()` reports go up the pipe and the parent
+records them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import json
+import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -19,11 +48,21 @@ import time
 import traceback
 from collections.abc import Callable
 from enum import StrEnum
+from multiprocessing import forkserver
 from typing import Any, NamedTuple
 
+import cloudpickle
+
 from . import payload as payload_json
+from .capture import tail
 from .context import JobContext, running
 from .jobs import Job
+
+log = logging.getLogger("nbqueue.worker")
+
+POLL = 0.05  # seconds between looks at the cancel flag while the child runs
+MAX_MESSAGE = 64 * 1024 * 1024  # a result is at most 16 MiB of JSON, plus the output's tail
+EXIT_GRACE = 1.0  # seconds a child that has answered gets to exit before it is killed
 
 
 class Ending(StrEnum):
@@ -36,11 +75,39 @@ class Ending(StrEnum):
 
 
 class Outcome(NamedTuple):
-    """A handler's run: how it ended, its value (result, or error text) and what it printed."""
+    """A handler's run: how it ended, its value (result, or error), what it printed, whether to retry."""
 
     ending: Ending
     value: Any = None
     output: str | None = None
+    retry: bool = True  # False: a retry could not succeed (the handler cannot be sent to a child)
+
+
+class _BadMessage(Exception):
+    """The child sent something other than one of nbqueue's JSON messages."""
+
+
+_context: Any = None
+_context_lock = threading.Lock()
+
+
+def _start_context() -> Any:
+    """The fork server's context, its server running with nbqueue preloaded; else spawn's."""
+    global _context
+    with _context_lock:
+        if _context is None:
+            _context = multiprocessing.get_context("spawn")
+            if "forkserver" in multiprocessing.get_all_start_methods():
+                server = multiprocessing.get_context("forkserver")
+                # "__main__" is multiprocessing's own default: a script's module is imported once
+                # in the server, not again in every child.
+                server.set_forkserver_preload(["__main__", "nbqueue.isolation"])
+                try:
+                    forkserver.ensure_running()
+                    _context = server
+                except OSError as exc:  # e.g. its socket's path under a deep TMPDIR is too long
+                    log.warning("process mode: the fork server did not start (%s); spawning children", exc)
+        return _context
 
 
 def run_in_child(
@@ -51,40 +118,78 @@ def run_in_child(
     on_progress: Callable[[float, float | None, str], bool],
 ) -> Outcome:
     """Run `fn(*job.args, **job.kwargs)` in a child process and wait for its outcome."""
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    context: Any = multiprocessing.get_context(method)
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, job, fn), daemon=True)
-    child.start()
-    send.close()
-    deadline = None if timeout is None else time.monotonic() + timeout
+    detached = dataclasses.replace(job, _source=None)  # the child gets the job's fields, not its Queue
     try:
+        shipped = cloudpickle.dumps((detached, fn))
+    except Exception as exc:  # what cannot be pickled now never can be: no retry
+        return Outcome(Ending.RAISED, _unshippable(job, f"{type(exc).__name__}: {exc}"), retry=False)
+    context = _start_context()
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(send, shipped), name=f"nbqueue-job-{job.id}", daemon=True)
+    outcome: Outcome | None = None
+    try:
+        child.start()
+        send.close()
+        deadline = None if timeout is None else time.monotonic() + timeout  # from the child's start
         while True:
-            if receive.poll(0.05):
+            wait = POLL if deadline is None else max(0.0, min(POLL, deadline - time.monotonic()))
+            if receive.poll(wait):
                 try:
-                    message = receive.recv()
+                    kind, body = _decode(receive.recv_bytes(MAX_MESSAGE))
                 except EOFError:
+                    child.join(EXIT_GRACE)
                     return Outcome(Ending.RAISED, _died(child))
-                if message[0] == "progress":  # recorded here; False means the claim is gone
-                    if not on_progress(*message[1:]):
+                except (OSError, _BadMessage) as exc:
+                    return Outcome(Ending.RAISED, f"the job's process broke nbqueue's protocol: {exc}")
+                if kind == "progress":  # recorded here; False means the claim is gone
+                    if not on_progress(body["done"], body["total"], body["message"]):
                         cancel.set()
                     continue
-                return Outcome(Ending(message[0]), *message[1:])
+                outcome = _ended(job, kind, body)
+                return outcome
             if not child.is_alive():
                 child.join()
                 if receive.poll(0):
                     continue
                 return Outcome(Ending.RAISED, _died(child))
             if cancel.is_set():
-                _kill(child)
                 return Outcome(Ending.CANCELLED)
-            if deadline is not None and time.monotonic() > deadline:
-                _kill(child)
+            if deadline is not None and time.monotonic() >= deadline:
                 return Outcome(Ending.TIMED_OUT, f"timed out after {timeout:g} s; its process was killed")
     finally:
+        send.close()  # (already closed once the child started; a second close does nothing)
         receive.close()
-        if child.is_alive():
-            _kill(child)
+        if outcome is not None:  # it answered: it exits at once
+            child.join(EXIT_GRACE)
+        if child.pid is not None and child.exitcode is None:
+            kill_group(child.pid)
+            child.join(5)
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL a child's process group (the child and what it started), or the child alone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the child leads a session of its own, so its group id is its pid
+    except ProcessLookupError:  # killed before its setsid(): it has started nothing yet
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _ended(job: Job, kind: str, body: dict[str, Any]) -> Outcome:
+    if kind == "returned":
+        return Outcome(Ending.RETURNED, body["result"], body["output"])
+    if kind == "raised":
+        return Outcome(Ending.RAISED, body["error"], body["output"])
+    return Outcome(Ending.RAISED, _unshippable(job, body["error"]), retry=False)
+
+
+def _unshippable(job: Job, why: str) -> str:
+    return (
+        f"process mode cannot send the handler of task {job.task!r} to a child process: {why}. "
+        "A process-mode handler must be picklable by cloudpickle (a module function, a notebook "
+        "function, a closure over picklable values); one that holds an open socket, a lock or a "
+        "database connection cannot be sent: run it in thread mode. Not retried: a retry could not succeed."
+    )
 
 
 def _died(child: Any) -> str:
@@ -93,30 +198,86 @@ def _died(child: Any) -> str:
     return f"the job's process ended without a result ({how})"
 
 
-def _kill(child: Any) -> None:
-    if child.pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child.pid, signal.SIGKILL)
-    child.join(5)
+def _reject_constant(name: str) -> None:
+    raise _BadMessage(f"{name} is not a number JSON allows")
 
 
-def _child(send: Any, job: Job, fn: Callable[..., Any]) -> None:
-    """In the child: run the handler, progress going up the pipe; report; exit at once."""
+def _decode(data: bytes) -> tuple[str, dict[str, Any]]:
+    """One message from the child, checked field by field; never anything but JSON."""
+    try:
+        message = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _BadMessage(f"it sent {data[:40]!r}..., not JSON (nothing it sends is unpickled)") from exc
+    kind = message.get("kind") if isinstance(message, dict) else None
+    fields = {
+        "progress": {"done": _number, "total": _number_or_none, "message": _text},
+        "returned": {"result": _result, "output": _text_or_none},
+        "raised": {"error": _text, "output": _text_or_none},
+        "unloadable": {"error": _text},
+    }.get(kind)  # type: ignore[arg-type]
+    if fields is None or set(message) != {"kind", *fields}:
+        raise _BadMessage(f"it sent a JSON message that is not one of nbqueue's: {str(message)[:200]}")
+    return str(kind), {name: check(message[name], name) for name, check in fields.items()}
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _BadMessage(f"progress {name} is not a finite number: {value!r}")
+    return float(value)
+
+
+def _number_or_none(value: Any, name: str) -> float | None:
+    return None if value is None else _number(value, name)
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise _BadMessage(f"{name} is not text: {type(value).__name__}")
+    return value[:500] if name == "message" else value
+
+
+def _text_or_none(value: Any, name: str) -> str | None:
+    return None if value is None else _text(value, name)
+
+
+def _result(value: Any, name: str) -> Any:
+    try:
+        return json.loads(_text(value, name), parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise _BadMessage(f"the result is not JSON text: {exc}") from exc
+
+
+def _child(send: Any, shipped: bytes) -> None:
+    """In the child: its own session; run the handler, answering in JSON only; exit at once."""
+    with contextlib.suppress(OSError):
+        os.setsid()  # a group of its own: killing it takes the handler's subprocesses too
     buffer = io.StringIO()
     sys.stdout = sys.stderr = buffer
 
-    def report(done: float, total: float | None, message: str) -> bool:
-        send.send(("progress", done, total, message))
-        return True  # a cancelled job's child is killed by the parent
+    def post(kind: str, **body: Any) -> None:
+        send.send_bytes(json.dumps({"kind": kind, **body}, allow_nan=False).encode())
 
     try:
-        with running(JobContext(job, report)):
-            value = fn(*job.args, **job.kwargs)
-        send.send((Ending.RETURNED.value, payload_json.dumps(value, "result"), buffer.getvalue() or None))
-    except BaseException as exc:  # the job's failure, reported to the parent
-        text = "".join(traceback.format_exception(exc)).rstrip()
-        with contextlib.suppress(Exception):  # the pipe is gone: the parent sees the exit
-            send.send((Ending.RAISED.value, text, buffer.getvalue() or None))
+        try:
+            job, fn = cloudpickle.loads(shipped)  # from the parent, which this child trusts
+        except BaseException as exc:
+            post("unloadable", error=f"loading it in the child failed: {type(exc).__name__}: {exc}")
+            return
+
+        def report(done: float, total: float | None, message: str) -> bool:
+            post("progress", done=done, total=total, message=message)
+            return True  # a cancelled job's child is killed by the parent
+
+        try:
+            with running(JobContext(job, report)):
+                value = fn(*job.args, **job.kwargs)
+            post("returned", result=payload_json.dumps(value, "result"), output=tail(buffer.getvalue()))
+        except BaseException as exc:  # the job's failure, reported to the parent
+            text = "".join(traceback.format_exception(exc)).rstrip()
+            post("raised", error=text, output=tail(buffer.getvalue()))
+    except BaseException:  # the pipe is gone: the parent sees the exit
+        pass
     finally:
-        send.close()
-        os._exit(0)  # no atexit handlers, no parent's threads' cleanup in the child
+        with contextlib.suppress(Exception):
+            send.close()
+        os._exit(0)  # no atexit handlers, no waiting for threads the handler left behind

@@ -10,7 +10,6 @@ timeouts, notices cancellations, enqueues periodic tasks and prunes old jobs.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import threading
@@ -43,7 +42,9 @@ class _QueueLike(Protocol):
 log = logging.getLogger("nbqueue.worker")
 
 IDLE_RECHECK = 0.5  # seconds an idle thread sleeps before re-reading the due time
-WATCH_EVERY = 1.0  # seconds between checks for cancelled jobs and periodic slots
+CANCEL_EVERY = 0.5  # seconds between checks for running jobs cancelled with q.cancel()
+PERIODIC_EVERY = 1.0  # seconds between checks for periodic slots
+KILL_GRACE = 5.0  # seconds stop() gives a process-mode runner to kill its child
 TIDY_EVERY = 10.0  # seconds between storage housekeeping (PostgreSQL folds its count changes)
 PRUNE_BATCH = 500
 PRUNED = (State.COMPLETED,)  # retention prunes completed jobs; dead ones wait for a person
@@ -120,7 +121,8 @@ class Worker:
         self._state = threading.Condition()
         self._busy = 0  # threads claiming or running; guarded by _state
         self._in_flight: dict[int, Flight] = {}
-        self._retired: set[threading.Thread] = set()  # runners stuck in a timed-out handler
+        self._retired: set[threading.Thread] = set()  # runners left to a handler whose job was taken away
+        self._keeper_wake = threading.Event()  # a new deadline to watch, or stop
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -133,13 +135,16 @@ class Worker:
         """Start the threads (no-op if already running)."""
         if self.running:
             return self
-        self._stopping.clear()
-        self._threads = []
-        for _ in range(self.concurrency):
-            self._spawn_runner()
-        keeper = threading.Thread(target=self._keeper, name="nbqueue-keeper", daemon=True)
-        self._threads.append(keeper)
-        keeper.start()
+        with self._state:
+            self._stopping.clear()
+            self._keeper_wake.clear()
+            self._retired = {t for t in self._retired if t.is_alive()}
+            self._threads = []
+            for _ in range(self.concurrency):
+                self._spawn_runner()
+            keeper = threading.Thread(target=self._keeper, name="nbqueue-keeper", daemon=True)
+            keeper.start()
+            self._threads.append(keeper)
         log.info(
             "worker %s started: concurrency %d, queues %s",
             self.worker_id,
@@ -151,32 +156,46 @@ class Worker:
     def stop(self, timeout: float = 10) -> bool:
         """Stop taking jobs; wait up to `timeout` s for running ones, then release them.
 
-        Returns True when every thread has ended. A released job goes back to
-        pending with no retry counted; whatever its handler returns later is refused.
+        A job still running then goes back to pending, no retry counted: in process
+        mode its child (and the child's own subprocesses) is killed first; in thread
+        mode its handler is left to finish and whatever it returns is refused.
+        Returns True when every thread has ended, or has been retired with its job
+        released (False: a job could not be released, or the keeper did not end).
         """
-        self._stopping.set()
+        with self._state:  # no runner is started after this: the keeper checks _stopping under _state
+            self._stopping.set()
+            threads = list(self._threads)
+        self._keeper_wake.set()
         self.manager.wake()
         deadline = time.monotonic() + timeout
-        for thread in self._threads:  # a runner stuck in a timed-out handler is not waited for
+        for thread in threads:  # a runner already retired (its job timed out or cancelled) is not waited for
             if thread.name != "nbqueue-keeper" and thread not in self._retired:
                 thread.join(max(0.0, deadline - time.monotonic()))
         with self._state:
-            stuck = [flight.job for flight in self._in_flight.values()]
-            for flight in self._in_flight.values():
-                flight.context.cancel.set()
-            self._in_flight.clear()
-        for job in stuck:
+            stuck = [flight for flight in list(self._in_flight.values()) if self._retire(flight)]
+        if self.mode == "process":  # each runner kills its child's process group once it sees the cancel
+            for flight in stuck:
+                flight.runner.join(KILL_GRACE)
+        released = True
+        for flight in stuck:
             try:
-                self.manager.release(job)
-                log.warning("job %d still running at stop: released back to pending", job.id)
+                self.manager.release(flight.job)
+                log.warning("job %d still running at stop: released back to pending", flight.job.id)
+            except LeaseLost as exc:  # cancelled or taken over meanwhile: it is not this worker's any more
+                log.warning("%s", exc)
             except NbqueueError as exc:
-                log.warning("job %d could not be released: %s", job.id, exc)
-        for thread in self._threads:
+                released = False
+                log.warning("job %d could not be released: %s", flight.job.id, exc)
+        with self._state:
+            self._busy -= len(stuck)  # retired runners never count themselves out
+            self._state.notify_all()
+        for thread in threads:
             if thread.name == "nbqueue-keeper":
                 thread.join(max(0.1, deadline - time.monotonic()))
-        alive = [t for t in self._threads if t.is_alive() and t not in self._retired]
-        self._threads = alive
-        return not alive
+        with self._state:
+            alive = [t for t in self._threads if t.is_alive() and t not in self._retired]
+            self._threads = alive
+        return released and not alive
 
     def run_until_idle(self, timeout: float | None = None) -> None:
         """Work until nothing this worker can run is due now and nothing runs in it.
@@ -238,11 +257,12 @@ class Worker:
         return ClaimRequest(self._filter(), self.worker_id, to_us(self.lease))
 
     def _spawn_runner(self) -> None:
+        """Start a runner thread; the caller holds `_state` (so stop() never sees one unstarted)."""
         runner = threading.Thread(
             target=self._run_loop, name=f"nbqueue-worker-{len(self._threads)}", daemon=True
         )
-        self._threads.append(runner)
         runner.start()
+        self._threads.append(runner)
 
     def _run_loop(self) -> None:
         job: Job | None = None
@@ -274,7 +294,7 @@ class Worker:
                         self._idle_wait()
                     continue
             job = self._execute(job)
-            if threading.current_thread() in self._retired:  # timed out: the keeper counted us out
+            if threading.current_thread() in self._retired:  # whoever retired us counts us out
                 return
             if job is None:
                 with self._state:
@@ -306,14 +326,14 @@ class Worker:
         flight = Flight(job, time.monotonic(), context)
         with self._state:
             self._in_flight[job.id] = flight
+        if job.timeout is not None and self.mode == "thread":
+            self._keeper_wake.set()  # the keeper watches this deadline from now on
         buffer = io.StringIO()
         try:
             handler = registry.lookup(job.task or "")
             if self.mode == "process":
                 outcome = run_in_child(job, handler.fn, context.cancel, job.timeout, report)
                 buffer.write(outcome.output or "")
-                if outcome.ending is Ending.RETURNED:
-                    outcome = Outcome(Ending.RETURNED, json.loads(outcome.value))
             else:
                 with captured(buffer), running(context):
                     outcome = Outcome(Ending.RETURNED, handler.fn(*job.args, **job.kwargs))
@@ -345,7 +365,7 @@ class Worker:
                     return following
                 except PayloadError as exc:
                     value = exc
-            verdict = self.manager.fail(job, value, output)
+            verdict = self.manager.fail(job, value, output, retry=outcome.retry)
             self._tally(failed=1)
             log.info("job %d failed (%s): %s", job.id, verdict, _last_line(value))
             if verdict is Verdict.DEAD:
@@ -359,29 +379,32 @@ class Worker:
     # -- heartbeats, recovery, timeouts ------------------------------------------
 
     def _keeper(self) -> None:
-        beat_every = self.lease / 3
-        last_beat = last_recover = last_watch = last_prune = last_tidy = 0.0
+        chores: list[tuple[float, Callable[[], object]]] = [
+            (self.recover_interval, lambda: self._guard(self._recover)),
+            (self.lease / 3, self._beat),
+            (CANCEL_EVERY, lambda: self._guard(self._watch_cancellations)),
+            (PERIODIC_EVERY, lambda: self._guard(lambda: self.manager.tick_periodic(self._filter().tasks))),
+            (TIDY_EVERY, lambda: self._guard(self.manager.tidy)),
+        ]
+        if self.retention is not None:
+            chores.append((min(60.0, max(1.0, self.retention / 10)), lambda: self._guard(self._prune)))
+        last = [-float("inf")] * len(chores)
         while not self._stopping.is_set():
-            now = time.monotonic()
-            if now - last_recover >= self.recover_interval:
-                last_recover = now
-                self._guard(self._recover)
-            if now - last_beat >= beat_every:
-                last_beat = now
-                self._beat()
-            if now - last_watch >= WATCH_EVERY:
-                last_watch = now
-                self._guard(self._watch_cancellations)
-                self._guard(lambda: self.manager.tick_periodic(self._filter().tasks))
-            if now - last_tidy >= TIDY_EVERY:
-                last_tidy = now
-                self._guard(self.manager.tidy)
-            if self.retention is not None and now - last_prune >= min(60.0, max(1.0, self.retention / 10)):
-                last_prune = now
-                self._guard(self._prune)
-            if self.mode == "thread":
+            self._keeper_wake.clear()  # before reading the deadlines: a later wake-up is never lost
+            for index, (every, chore) in enumerate(chores):
+                if time.monotonic() - last[index] >= every:
+                    last[index] = time.monotonic()
+                    chore()
+            due = [at + every for at, (every, _) in zip(last, chores, strict=True)]
+            if self.mode == "thread":  # a process-mode runner enforces its job's timeout itself
                 self._expire_timeouts()
-            self._stopping.wait(min(beat_every, self.recover_interval, 0.25))
+                with self._state:  # wake exactly at the next timeout, not on a coarse tick
+                    due += [
+                        f.started + f.job.timeout
+                        for f in self._in_flight.values()
+                        if f.job.timeout is not None
+                    ]
+            self._keeper_wake.wait(max(0.0, min(due) - time.monotonic()))
 
     def _recover(self) -> None:
         for job, verdict in self.manager.recover():
@@ -396,36 +419,42 @@ class Worker:
                 self.manager.heartbeat(flight.job)
             except LeaseLost as exc:  # cancelled, or taken over: tell the handler to stop
                 log.warning("%s", exc)
-                flight.context.cancel.set()
-                with self._state:
-                    if self._in_flight.get(flight.job.id) is flight:
-                        del self._in_flight[flight.job.id]
+                self._claim_gone(flight)
             except InvalidTransition:  # it finished between the snapshot and the heartbeat
                 pass
             except NbqueueError:
                 log.exception("heartbeat for job %d failed", flight.job.id)
 
     def _watch_cancellations(self) -> None:
-        """A running job cancelled with q.cancel(): set its flag (process mode kills the child)."""
+        """A running job cancelled with q.cancel() (or taken over): stop its handler, free its slot."""
         with self._state:
             flights = {flight.job.id: flight for flight in self._in_flight.values()}
         for job_id in self.manager.lost_claims([flight.job for flight in flights.values()]):
-            flights[job_id].context.cancel.set()
+            self._claim_gone(flights[job_id])
+
+    def _claim_gone(self, flight: Flight) -> None:
+        """The job is no longer this worker's: its handler is told to stop.
+
+        In process mode the runner kills the child and carries on. In thread mode a
+        handler that never checks `cancelled()` would hold its thread until it returns,
+        so, as at a timeout, the thread is left to it and a new runner takes its place.
+        """
+        flight.context.cancel.set()
+        if self.mode == "process":
+            return
+        with self._state:
+            if self._in_flight.get(flight.job.id) is not flight or not self._retire(flight):
+                return
+        self._hand_on()
 
     def _expire_timeouts(self) -> None:
         now = time.monotonic()
+        late = []
         with self._state:
-            late = [
-                flight
-                for flight in self._in_flight.values()
-                if flight.job.timeout is not None and now - flight.started > flight.job.timeout
-            ]
-            for flight in late:
-                self._in_flight.pop(flight.job.id, None)
-                flight.context.cancel.set()  # progress() raises Cancelled in a cooperative handler
-                self._retired.add(flight.runner)
-                self._busy -= 1  # the job is over for this worker; its stuck thread no longer counts
-            self._state.notify_all()
+            for flight in list(self._in_flight.values()):
+                timeout = flight.job.timeout
+                if timeout is not None and now - flight.started >= timeout and self._retire(flight):
+                    late.append(flight)
         for flight in late:
             job = flight.job
             try:
@@ -435,8 +464,25 @@ class Worker:
                     self._hook(job, "on_dead")
             except NbqueueError as exc:
                 log.warning("could not fail timed-out job %d: %s", job.id, exc)
-            if not self._stopping.is_set():  # the stuck thread keeps its handler; work goes on
+            self._hand_on()  # only now: until the failure is committed the worker is not idle
+
+    def _retire(self, flight: Flight) -> bool:
+        """Take a job from its runner (caller holds `_state`): the runner stops counting as
+        this worker's, and its handler is told to stop. False if the runner is already retired."""
+        self._in_flight.pop(flight.job.id, None)
+        flight.context.cancel.set()  # progress() raises Cancelled in a cooperative handler
+        if flight.runner in self._retired:
+            return False
+        self._retired.add(flight.runner)
+        return True
+
+    def _hand_on(self) -> None:
+        """A retired runner's place goes to a new runner; only then does it stop counting as busy."""
+        with self._state:
+            if not self._stopping.is_set():
                 self._spawn_runner()
+            self._busy -= 1
+            self._state.notify_all()
 
     def _prune(self) -> None:
         assert self.retention is not None

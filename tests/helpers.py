@@ -46,12 +46,17 @@ def _short(value: Any, limit: int = 300) -> str:
 
 
 def alive(pid: int) -> bool:
-    """True while a process with this pid exists (a reaped child no longer does)."""
+    """True while a process with this pid exists and has not ended (a zombie waiting to be reaped
+    by whoever adopted it has ended)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # the state follows the (command name)
 
 
 def kill_all(pids: list[int]) -> None:

@@ -129,3 +129,34 @@ def test_board_shows_progress_and_its_button_cancels_a_running_job(queue: Queue)
     assert stopped == ["cancelled"]
     board.refresh()
     assert board.counts["cancelled"] == 1
+
+
+def test_cancelling_a_handler_that_never_checks_hands_its_slot_on(queue: Queue) -> None:
+    """Like a timeout: the stuck thread is left to its handler and a new runner takes the next job."""
+    started = threading.Event()
+
+    @queue.task(name="lr.deaf")
+    def deaf() -> str:
+        started.set()
+        time.sleep(5)  # never calls progress() or cancelled()
+        return "ran to the end"
+
+    @queue.task(name="lr.next_in_line")
+    def next_in_line() -> str:
+        return "ran"
+
+    job = deaf.enqueue()
+    worker = queue.worker(lease=5, concurrency=1).start()
+    try:
+        assert started.wait(20)
+        assert queue.cancel(job.id).status == "cancelled"
+        cancelled_at = time.monotonic()
+        following = next_in_line.enqueue()
+        assert following.result(timeout=10) == "ran"
+        took = time.monotonic() - cancelled_at
+        assert took < 1.5, f"the next job waited {took:.2f} s for the cancelled handler's slot"
+        assert worker.status()["in_flight"] == []
+    finally:
+        assert worker.stop(timeout=10)
+    assert queue.get(job.id).status == "cancelled"
+    assert queue.get(job.id).result_json is None

@@ -6,6 +6,7 @@ Real worker threads, real files and the real PostgreSQL server.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import nbqueue
-from nbqueue import Queue
+from nbqueue import Backoff, Queue
 from tests.helpers import QUICK_RETRY, wait_until
 
 
@@ -162,3 +163,78 @@ def test_a_cooperative_handler_is_stopped_at_its_timeout(queue: Queue) -> None:
         worker.stop(timeout=20)
     assert stopped == ["told to stop"]
     assert queue.get(job.id).status == "dead"
+
+
+NO_WAIT = Backoff(base=0, cap=0, jitter=0)  # the retry is due at once
+
+
+def test_run_until_idle_waits_for_the_retry_of_a_timed_out_job(queue: Queue, gate: threading.Event) -> None:
+    """The timeout's failure is committed before the worker counts itself idle, so the retry it
+    makes due now is seen and run: run_until_idle returns only once the job is completed."""
+    hung: set[int] = set()
+
+    @queue.task(name="lr.hangs_once", max_retries=1, timeout=0.3, backoff=NO_WAIT)
+    def hangs_once(n: int) -> int:
+        if n not in hung:  # the first attempt hangs past its timeout, the retry returns
+            hung.add(n)
+            gate.wait(30)
+        return n
+
+    worker = queue.worker(lease=5).start()
+    try:
+        for n in range(20):
+            job = hangs_once.enqueue(n)
+            worker.run_until_idle(timeout=20)
+            done = queue.get(job.id)
+            assert (n, done.status, done.attempts) == (n, "completed", 2)
+            assert done.value == n
+    finally:
+        gate.set()
+        worker.stop(timeout=10)
+
+
+def test_stop_during_a_timeout_never_joins_a_runner_that_has_not_started(
+    queue: Queue, gate: threading.Event
+) -> None:
+    """The keeper replaces a timed-out runner while stop() may be going through the threads: stop()
+    must never see the replacement before it has started ("cannot join thread before it is started").
+    """
+    started = threading.Semaphore(0)
+
+    @queue.task(name="lr.times_out_at_stop", max_retries=0, timeout=0.2)
+    def times_out() -> None:
+        started.release()
+        gate.wait(30)
+
+    rng = random.Random(7)
+    for attempt in range(30):
+        job = times_out.enqueue()
+        worker = queue.worker(lease=5).start()
+        assert started.acquire(timeout=10), f"attempt {attempt}: the job did not start"
+        while worker.status()["in_flight"]:  # spin: the keeper has just timed the job out
+            pass
+        # The keeper now records the failure, then starts a replacement runner: stop() lands in
+        # that stretch (measured: about one try in four, without the fix) after a few milliseconds.
+        until = time.perf_counter() + rng.uniform(0.0, 0.006)
+        while time.perf_counter() < until:
+            pass
+        assert worker.stop(timeout=5), f"attempt {attempt}: the worker's threads did not stop"
+        assert not worker.running
+        assert queue.get(job.id).status == "dead"  # the keeper recorded the timeout before it ended
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_handler_overrunning_its_timeout_by_150_ms_is_failed(queue: Queue, mode: str) -> None:
+    @queue.task(name="lr.overruns", max_retries=0, timeout=0.3)
+    def overruns() -> str:
+        time.sleep(0.45)
+        return "too late"
+
+    job = overruns.enqueue()
+    with queue.worker(lease=5, mode=mode):
+        with pytest.raises(nbqueue.JobFailed, match="timed out"):
+            job.result(timeout=20)
+    dead = queue.get(job.id)
+    assert dead.status == "dead"
+    assert "timed out after 0.3 s" in (dead.error or "")
+    assert dead.result_json is None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -231,3 +233,48 @@ def test_worker_rejects_bad_options(queue: Queue) -> None:
     for options in ({"concurrency": 0}, {"concurrency": 1.5}, {"lease": 0}, {"lease": -1}):
         with pytest.raises(nbqueue.InvalidArgument):
             queue.worker(**options)
+
+
+EXIT_SCRIPT = """
+import atexit, io, sys
+import nbqueue
+
+def main(path, how):
+    stream = io.StringIO()
+    if how == "replaced":
+        sys.stdout = stream  # like a kernel's own stdout, which it closes at shutdown
+    q = nbqueue.Queue(path)
+
+    @q.task(name="chatty")
+    def chatty():
+        print("hello from the job")
+        return 1
+
+    job = chatty.enqueue()
+    q.worker(lease=5).run_until_idle(timeout=30)
+    assert q.get(job.id).output.strip() == "hello from the job"
+    q.close()
+    (stream if how == "replaced" else sys.__stdout__).close()  # the router's stream, gone
+    atexit.register(print, "a last word at exit")  # written to the router as the interpreter ends
+
+main(sys.argv[1], sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("how", ["replaced", "closed"])
+def test_a_closed_stdout_at_interpreter_exit_leaves_no_traceback(tmp_path: Path, how: str) -> None:
+    """The worker's output router stays in sys.stdout after its jobs; a write or flush at exit to a
+    stream that was closed meanwhile goes nowhere quietly (it raised ValueError)."""
+    script = tmp_path / "exits.py"
+    script.write_text(EXIT_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "jobs.db"), how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Exception ignored" not in done.stderr
+    assert done.stderr == ""

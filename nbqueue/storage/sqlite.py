@@ -13,7 +13,6 @@ import sqlite3
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -45,19 +44,6 @@ _signals_lock = threading.Lock()
 # Writers in one process take turns on a lock of ours: SQLite's own busy handler sleeps in
 # steps of milliseconds, which would waste most of the time threads spend waiting on each other.
 _write_locks: dict[str, threading.Lock] = {}
-_open: weakref.WeakSet[SQLiteStorage] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child inherits locks that may be held and connections it must never use."""
-    _write_locks.clear()
-    for storage in list(_open):
-        storage._local = threading.local()
-        storage._all = []
-        storage._write_lock = _write_locks.setdefault(storage.path, threading.Lock())
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _translate(exc: sqlite3.Error, path: str) -> NbqueueError:
@@ -111,7 +97,6 @@ class SQLiteStorage:
         with _signals_lock:
             self._signal = _signals.setdefault(self.path, threading.Condition())
             self._write_lock = _write_locks.setdefault(self.path, threading.Lock())
-            _open.add(self)
         self._create_file()
         try:
             self._migrate()

@@ -61,10 +61,38 @@ def test_the_package_never_imports_a_deserialiser_that_runs_code() -> None:
                     a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
                 ]
             found += [
-                f"{path.relative_to(PACKAGE)}:{node.lineno} {n}" for n in names if n.split(".")[0] in banned
+                f"{path.relative_to(PACKAGE)}:{node.lineno} {n}"
+                for n in names
+                if n.split(".")[0] in banned and (path.name, n) not in SHIPS_HANDLERS
             ]
     assert not found, found
     assert len(sources()) > 10  # the scan really read the package
+
+
+# Process mode sends the handler to its child with cloudpickle: the parent pickles (it trusts
+# itself) and only the child unpickles what its parent sent. Nothing else may.
+SHIPS_HANDLERS = {("isolation.py", "cloudpickle")}
+
+
+def test_only_a_process_mode_child_unpickles_and_only_what_its_parent_sent() -> None:
+    """No `loads`/`load`/`Unpickler` outside the child's entry point, and no `Connection.recv()`
+    (which unpickles) anywhere: the worker reads its children's answers with `recv_bytes` as JSON."""
+    unpicklers = {"loads", "load", "Unpickler", "recv"}
+    found = []
+
+    def visit(node: ast.AST, where: str, path: Path) -> None:
+        call = node.func if isinstance(node, ast.Call) else None
+        if isinstance(call, ast.Attribute) and call.attr in unpicklers:
+            owner = ast.unparse(call.value)
+            if call.attr == "recv" or owner in {"pickle", "cloudpickle", "_pickle", "marshal"}:
+                found.append((path.name, where, f"{owner}.{call.attr}"))
+        inner = node.name if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else where
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner, path)
+
+    for path in sources():
+        visit(ast.parse(path.read_text(), str(path)), "<module>", path)
+    assert set(found) == {("isolation.py", "_child", "cloudpickle.loads")}, found
 
 
 def test_eval_and_exec_appear_only_where_notebook_code_is_run_on_purpose() -> None:

@@ -12,7 +12,7 @@ NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=120
 help:
 	@echo "make demo     run a short real scenario, then execute the quickstart notebook into build/"
 	@echo "make test     install into .venv, lint, run the tests and the tutorial notebooks"
-	@echo "make test-fast  the everyday loop (under a minute): tests not marked slow or ui, on two processes"
+	@echo "make test-fast  the everyday loop (under a minute): tests not marked slow or ui, four processes"
 	@echo "make test-ui  JupyterLab in headless Chromium: the board and dead-letter view really work"
 	@echo "make soak     the reliability suite, long: 500 worker kills, 100,000 contended jobs (NBQUEUE_SOAK=2 doubles it)"
 	@echo "make lab      open JupyterLab on notebooks/"
@@ -36,7 +36,7 @@ test: lint
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not ui" -n 2 -p no:cacheprovider
+	$(BIN)/python -m pytest -q -m "not slow and not ui" -n 4 -p no:cacheprovider
 
 test-ui: $(STAMP)
 	$(BIN)/python -m pytest -m ui tests/ui

@@ -168,6 +168,7 @@ def test_a_cooperative_handler_is_stopped_at_its_timeout(queue: Queue) -> None:
 NO_WAIT = Backoff(base=0, cap=0, jitter=0)  # the retry is due at once
 
 
+@pytest.mark.slow
 def test_run_until_idle_waits_for_the_retry_of_a_timed_out_job(queue: Queue, gate: threading.Event) -> None:
     """The timeout's failure is committed before the worker counts itself idle, so the retry it
     makes due now is seen and run: run_until_idle returns only once the job is completed."""
@@ -193,6 +194,7 @@ def test_run_until_idle_waits_for_the_retry_of_a_timed_out_job(queue: Queue, gat
         worker.stop(timeout=10)
 
 
+@pytest.mark.slow
 def test_stop_during_a_timeout_never_joins_a_runner_that_has_not_started(
     queue: Queue, gate: threading.Event
 ) -> None:

@@ -530,6 +530,7 @@ def test_worker_backs_off_while_the_database_cannot_be_written(place: Place, rec
 # -- another process or session holds the lock (the "statement timeout" fault) ------------------
 
 
+@pytest.mark.slow
 def test_a_lock_held_elsewhere_is_waited_out_and_nothing_is_written_twice(
     place: Place, records: Records
 ) -> None:

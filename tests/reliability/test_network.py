@@ -148,6 +148,7 @@ def assert_each_ran_once_or_after_a_lost_lease(truth: Truth, ids: dict[int, int]
 # -- the connection is lost, the server restarts ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_lost_connection_under_a_draining_worker_loses_no_job(
     through: Callable[..., Queue], proxy: Proxy, truth: Truth
 ) -> None:
@@ -221,6 +222,7 @@ def test_a_restarted_server_is_waited_out_and_the_queue_finishes(
     assert_each_ran_once_or_after_a_lost_lease(truth, ids, calls)
 
 
+@pytest.mark.slow
 def test_a_worker_survives_its_wake_up_connection_failing_to_reconnect(
     through: Callable[..., Queue], proxy: Proxy
 ) -> None:

@@ -176,6 +176,7 @@ def two_spellings(pg_server: str) -> Iterator[tuple[str, str]]:
         conn.execute(pg_sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pg_sql.Identifier(schema)))
 
 
+@pytest.mark.slow
 def test_processes_spelling_one_queue_differently_hear_each_others_wake_ups(
     two_spellings: tuple[str, str],
 ) -> None:

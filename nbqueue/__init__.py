@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .aio import ForeignLoopError, per_loop, run_sync
 from .clock import ManualClock
 from .context import Cancelled, cancelled, progress
 from .errors import (
@@ -23,11 +24,12 @@ from .errors import (
     SchemaTooNew,
     StorageError,
     TaskNotFound,
+    Unretryable,
     WaitTimeout,
 )
 from .jobs import Job, Progress, State, Verdict
 from .queue import Queue
-from .retry import Backoff
+from .retry import Backoff, RetryAfter
 from .tasks import Task
 from .worker import Worker
 
@@ -41,6 +43,7 @@ __all__ = [
     "Cancelled",
     "DamagedJob",
     "DatabaseFull",
+    "ForeignLoopError",
     "InvalidArgument",
     "InvalidTransition",
     "Job",
@@ -55,17 +58,21 @@ __all__ = [
     "Progress",
     "Queue",
     "ReadOnlyDatabase",
+    "RetryAfter",
     "SchemaTooNew",
     "State",
     "StorageError",
     "Task",
     "TaskNotFound",
+    "Unretryable",
     "Verdict",
     "WaitTimeout",
     "Worker",
     "__version__",
     "cancelled",
+    "per_loop",
     "progress",
+    "run_sync",
 ]
 
 

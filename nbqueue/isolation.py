@@ -33,8 +33,10 @@ records them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import inspect
 import io
 import json
 import logging
@@ -271,6 +273,8 @@ def _child(send: Any, shipped: bytes) -> None:
         try:
             with running(JobContext(job, report)):
                 value = fn(*job.args, **job.kwargs)
+                if inspect.iscoroutine(value):  # an async handler: its own loop in the child
+                    value = asyncio.run(value)
             post("returned", result=payload_json.dumps(value, "result"), output=tail(buffer.getvalue()))
         except BaseException as exc:  # the job's failure, reported to the parent
             text = "".join(traceback.format_exception(exc)).rstrip()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Coroutine, Generator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -118,6 +118,10 @@ class JobSource(Protocol):
         """Wait for the job to finish and return its result."""
         ...
 
+    def result_async(self, job: Job | int, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
+        """The same, for a coroutine: the caller's event loop stays free while it waits."""
+        ...
+
 
 @dataclass(slots=True, eq=False, repr=False)
 class Job:
@@ -227,6 +231,11 @@ class Job:
             WaitTimeout: it did not finish within `timeout` seconds.
         """
         return self._bound().result(self, timeout=timeout)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """`value = await job` in a notebook cell or a coroutine: the result once it finishes
+        (JobFailed if it ended dead or cancelled); the caller's loop stays free meanwhile."""
+        return self._bound().result_async(self).__await__()
 
     def _bound(self) -> JobSource:
         if self._source is None:

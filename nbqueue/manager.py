@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,7 +29,18 @@ from .errors import (
     JobNotFound,
     LeaseLost,
 )
-from .jobs import FINISHED, Job, State, Verdict, check_claim, check_transition, from_row, listed, sources
+from .jobs import (
+    FINISHED,
+    UNFINISHED,
+    Job,
+    State,
+    Verdict,
+    check_claim,
+    check_transition,
+    from_row,
+    listed,
+    sources,
+)
 from .options import JobArgs, JobOptions, check_id, gate, stored
 from .payload import call_body, check_output, error_text
 from .retry import Backoff
@@ -550,6 +561,14 @@ class JobManager:
     def result(self, job: Job | int, timeout: float | None = None) -> Any:
         """Wait for one job and return its result; raises JobFailed if it ended dead or cancelled."""
         return waiting.result(self, job, timeout)
+
+    def result_async(self, job: Job | int, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
+        """Wait for one job in a coroutine (the caller's loop stays free); its result."""
+        return waiting.result_async(self, job, timeout)
+
+    def unfinished_ids(self) -> list[int]:
+        """The ids of every job not finished now (pending, failed or running)."""
+        return [job.id for job in self.jobs(UNFINISHED, None, 2**62, 0, brief=True)]
 
     def close(self) -> None:
         """Release the storage's connections."""

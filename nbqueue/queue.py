@@ -364,12 +364,21 @@ class Queue:
 
     def wait(
         self,
-        jobs: Job | int | Iterable[Job | int],
+        jobs: Job | int | Iterable[Job | int] | None = None,
         timeout: float | None = None,
         progress: bool = True,
     ) -> list[Job]:
-        """Block until every job is completed, dead or cancelled; returns them refreshed."""
-        return waiting.wait(self.manager, waiting.job_ids(jobs), timeout, progress)
+        """Block until every job is completed, dead or cancelled; returns them refreshed.
+
+        With no jobs given, waits for every job unfinished when it was called.
+        """
+        ids = self.manager.unfinished_ids() if jobs is None else waiting.job_ids(jobs)
+        return waiting.wait(self.manager, ids, timeout, progress)
+
+    async def gather(self, jobs: Iterable[Job | int], timeout: float | None = None) -> list[Any]:
+        """`await q.gather([a, b, c])`: their results, in order, like asyncio.gather; the caller's
+        loop stays free meanwhile. JobFailed if one ended dead or cancelled."""
+        return await waiting.gather(self.manager, jobs, timeout)
 
     # -- workers ---------------------------------------------------------------
 

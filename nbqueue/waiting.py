@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -73,11 +74,48 @@ def result(manager: Watched, job: Job | int, timeout: float | None) -> Any:
     [done] = wait(manager, job_ids(job), timeout, progress=False)
     if isinstance(job, Job):
         job.update_from(done)
-    if done.status is not State.COMPLETED:
-        last = (done.error or "").strip().splitlines()
+    return outcome(done)
+
+
+async def wait_async(manager: Watched, ids: list[int], timeout: float | None) -> list[Job]:
+    """Like `wait`, for a coroutine: reads happen in a thread, so the caller's loop stays free."""
+    limit = seconds(timeout, "timeout")
+    deadline = None if limit is None else time.monotonic() + limit
+    done: dict[int, Job] = {}
+    pause = 0.005
+    while True:
+        waiting = [i for i in ids if i not in done]
+        for job in await asyncio.to_thread(manager.get_many, waiting):
+            if job.finished:
+                done[job.id] = job
+        if len(done) == len(ids):
+            return [done[i] for i in ids]
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeout(f"{len(ids) - len(done)} of {len(ids)} jobs unfinished after {limit} s")
+        await asyncio.sleep(pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.25)
+
+
+def outcome(job: Job) -> Any:
+    """A finished job's result; JobFailed if it ended dead or cancelled."""
+    if job.status is not State.COMPLETED:
+        last = (job.error or "").strip().splitlines()
         reason = f": {last[-1]}" if last else ""
-        raise JobFailed(f"job {done.id} is {done.status.value}{reason}", job=done)
-    return done.value
+        raise JobFailed(f"job {job.id} is {job.status.value}{reason}", job=job)
+    return job.value
+
+
+async def result_async(manager: Watched, job: Job | int, timeout: float | None = None) -> Any:
+    """`await job`: its result once it finishes, without blocking the caller's event loop."""
+    [done] = await wait_async(manager, job_ids(job), timeout)
+    if isinstance(job, Job):
+        job.update_from(done)
+    return outcome(done)
+
+
+async def gather(manager: Watched, jobs: object, timeout: float | None = None) -> list[Any]:
+    """The results of several jobs, in order, like asyncio.gather (JobFailed for the first that failed)."""
+    return [outcome(job) for job in await wait_async(manager, job_ids(jobs), timeout)]
 
 
 def _progress_bar(total: int) -> Any:

@@ -1,14 +1,19 @@
 """The worker: background threads that claim, run and report jobs.
 
-The only module with threads. It never writes to stdout or stderr (in a
-notebook that output would land in whatever cell is running): it logs
-through `logging`, and what a job prints is captured into the job's record.
-A keeper thread heartbeats running jobs, recovers expired leases, enforces
-timeouts, notices cancellations, enqueues periodic tasks and prunes old jobs.
+With `nbqueue.aio` (its event loop), the only module with threads. It never
+writes to stdout or stderr (in a notebook that output would land in whatever
+cell is running): it logs through `logging`, and what a job prints is captured
+into the job's record. A keeper thread heartbeats running jobs, recovers expired
+leases, enforces timeouts, notices cancellations, enqueues periodic tasks and
+prunes old jobs. A coroutine handler is handed to the worker's event loop, up to
+`async_concurrency` at once, and its runner thread goes back to claiming.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import io
 import logging
 import os
@@ -20,10 +25,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import tasks as registry
+from .aio import JobLoop, foreign_loop
 from .capture import captured, tail
 from .clock import Duration, seconds, to_us
 from .context import JobContext, running
-from .errors import InvalidArgument, InvalidTransition, LeaseLost, NbqueueError, PayloadError, WaitTimeout
+from .errors import (
+    InvalidArgument,
+    InvalidTransition,
+    LeaseLost,
+    NbqueueError,
+    PayloadError,
+    Unretryable,
+    WaitTimeout,
+)
 from .isolation import Ending, Outcome, run_in_child
 from .jobs import Job, State, Verdict
 from .options import queue_names
@@ -58,6 +72,7 @@ class Flight:
     started: float
     context: JobContext
     runner: threading.Thread = field(default_factory=threading.current_thread)
+    task: concurrent.futures.Future[None] | None = None  # a coroutine job on the worker's loop
 
 
 def default_worker_id() -> str:
@@ -78,6 +93,8 @@ class Worker:
         retention: prune completed jobs older than this, in small batches (None: keep).
         tasks: task names this worker may run (None = every registered task
             that does not need an opt-in, plus those in `allow`).
+        async_concurrency: how many coroutine jobs may be in flight at once, on the
+            worker's own event loop (they hold no thread while they await).
     """
 
     def __init__(
@@ -93,11 +110,13 @@ class Worker:
         allow: Sequence[str] = (),
         worker_id: str | None = None,
         recover_interval: Duration | None = None,
+        async_concurrency: int = 64,
     ) -> None:
         if mode not in ("thread", "process"):
             raise InvalidArgument(f"mode must be 'thread' or 'process', not {mode!r}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidArgument(f"concurrency must be a whole number >= 1, not {concurrency!r}")
+        for value, what in ((concurrency, "concurrency"), (async_concurrency, "async_concurrency")):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+                raise InvalidArgument(f"{what} must be a whole number >= 1, not {value!r}")
         lease_s = seconds(lease, "lease", allow_none=False) or 0.0
         if lease_s < 0.05:
             raise InvalidArgument(f"lease must be at least 0.05 seconds, not {lease_s}")
@@ -107,6 +126,7 @@ class Worker:
         self.retention = seconds(retention, "retention")
         self.queues = queue_names(queues)
         self.concurrency = concurrency
+        self.async_concurrency = async_concurrency
         self.lease = lease_s
         self.tasks = None if tasks is None else tuple(tasks)
         self.allow = tuple(allow)
@@ -123,6 +143,10 @@ class Worker:
         self._in_flight: dict[int, Flight] = {}
         self._retired: set[threading.Thread] = set()  # runners left to a handler whose job was taken away
         self._keeper_wake = threading.Event()  # a new deadline to watch, or stop
+        self._async_slots = threading.BoundedSemaphore(async_concurrency)
+        self._async_busy = 0  # coroutine jobs in flight; guarded by _state
+        self._loop: JobLoop | None = None
+        self._reporter: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -173,8 +197,12 @@ class Worker:
                 thread.join(max(0.0, deadline - time.monotonic()))
         with self._state:
             stuck = [flight for flight in list(self._in_flight.values()) if self._retire(flight)]
+        threaded = [flight for flight in stuck if flight.task is None]
+        for flight in stuck:  # a coroutine is cancelled at its next await: let it unwind
+            if flight.task is not None:
+                concurrent.futures.wait([flight.task], timeout=max(0.0, deadline - time.monotonic()))
         if self.mode == "process":  # each runner kills its child's process group once it sees the cancel
-            for flight in stuck:
+            for flight in threaded:
                 flight.runner.join(KILL_GRACE)
         released = True
         for flight in stuck:
@@ -187,11 +215,17 @@ class Worker:
                 released = False
                 log.warning("job %d could not be released: %s", flight.job.id, exc)
         with self._state:
-            self._busy -= len(stuck)  # retired runners never count themselves out
+            self._busy -= len(threaded)  # retired runners never count themselves out
             self._state.notify_all()
         for thread in threads:
             if thread.name == "nbqueue-keeper":
                 thread.join(max(0.1, deadline - time.monotonic()))
+        if self._loop is not None:
+            self._loop.stop(max(0.1, deadline - time.monotonic()))
+            self._loop = None
+        if self._reporter is not None:
+            self._reporter.shutdown(wait=True)
+            self._reporter = None
         with self._state:
             alive = [t for t in self._threads if t.is_alive() and t not in self._retired]
             self._threads = alive
@@ -210,7 +244,8 @@ class Worker:
         try:
             while True:
                 with self._state:
-                    if self._busy == 0 and not self.manager.due_now(self._filter()):
+                    idle = self._busy == 0 and self._async_busy == 0
+                    if idle and not self.manager.due_now(self._filter()):
                         return
                     self._state.wait(0.02)
                 self.manager.notify()  # wake an idle thread for the due job
@@ -233,6 +268,7 @@ class Worker:
             "queues": list(self.queues) if self.queues else None,
             "mode": self.mode,
             "in_flight": in_flight,
+            "async_in_flight": self._async_busy,
             "completed": self.completed,
             "failed": self.failed,
         }
@@ -329,21 +365,29 @@ class Worker:
         if job.timeout is not None and self.mode == "thread":
             self._keeper_wake.set()  # the keeper watches this deadline from now on
         buffer = io.StringIO()
+        launched = False
         try:
             handler = registry.lookup(job.task or "")
+            check_arguments(handler.fn, job)
             if self.mode == "process":
                 outcome = run_in_child(job, handler.fn, context.cancel, job.timeout, report)
                 buffer.write(outcome.output or "")
             else:
                 with captured(buffer), running(context):
-                    outcome = Outcome(Ending.RETURNED, handler.fn(*job.args, **job.kwargs))
+                    value = handler.fn(*job.args, **job.kwargs)
+                if inspect.iscoroutine(value):  # an async handler: on to the worker's loop
+                    launched = True
+                    self._launch(flight, value, buffer)
+                    return None
+                outcome = Outcome(Ending.RETURNED, value)
         except BaseException as exc:  # a handler's failure is the job's, never the worker's
             outcome = Outcome(Ending.RAISED, exc)
         finally:
-            with self._state:  # ours only if no timeout or stop took it (and no newer claim)
-                owned = self._in_flight.get(job.id) is flight
-                if owned:
-                    del self._in_flight[job.id]
+            if not launched:
+                with self._state:  # ours only if no timeout or stop took it (and no newer claim)
+                    owned = self._in_flight.get(job.id) is flight
+                    if owned:
+                        del self._in_flight[job.id]
         output = tail(buffer.getvalue())
         if context.cancel.is_set() or outcome.ending is Ending.CANCELLED:
             log.info("job %d stopped: cancelled, timed out or released", job.id)
@@ -353,18 +397,77 @@ class Worker:
             return None
         return self._report(job, outcome, output)
 
-    def _report(self, job: Job, outcome: Outcome, output: str | None) -> Job | None:
+    # -- coroutine jobs ----------------------------------------------------------
+
+    def _launch(self, flight: Flight, coroutine: Any, buffer: io.StringIO) -> None:
+        """Hand a coroutine job to the worker's loop once a slot is free; this thread moves on."""
+        while not self._async_slots.acquire(timeout=0.2):
+            with self._state:
+                taken = self._in_flight.get(flight.job.id) is not flight  # stopped or cancelled meanwhile
+            if taken:
+                coroutine.close()
+                return
+        with self._state:
+            if self._in_flight.get(flight.job.id) is not flight:
+                self._async_slots.release()
+                coroutine.close()
+                return
+            self._async_busy += 1
+            if self._loop is None:
+                self._loop = JobLoop(f"nbqueue-loop-{self.worker_id}")
+                self._reporter = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="nbqueue-report")
+            flight.task = self._loop.submit(self._run_async(flight.job, flight, coroutine, buffer))
+
+    async def _run_async(self, job: Job, flight: Flight, coroutine: Any, buffer: io.StringIO) -> None:
+        """A coroutine job on the worker's loop; its job's context follows it across awaits."""
+        try:
+            with captured(buffer), running(flight.context):
+                if job.timeout is None:
+                    value = await coroutine
+                else:
+                    left = job.timeout - (time.monotonic() - flight.started)
+                    value = await asyncio.wait_for(coroutine, max(0.0, left))
+            outcome = Outcome(Ending.RETURNED, value)
+        except TimeoutError:
+            outcome = Outcome(Ending.RAISED, f"timed out after {job.timeout:g} s (interrupted at an await)")
+        except asyncio.CancelledError:
+            outcome = Outcome(Ending.CANCELLED)
+        except BaseException as exc:  # a handler's failure is the job's, never the worker's
+            outcome = Outcome(Ending.RAISED, foreign_loop(exc) or exc)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._reporter, self._finish_async, flight, outcome, buffer)
+
+    def _finish_async(self, flight: Flight, outcome: Outcome, buffer: io.StringIO) -> None:
+        """Record a coroutine job's outcome (in a reporter thread: the loop never waits on storage)."""
+        job = flight.job
+        try:
+            with self._state:
+                owned = self._in_flight.get(job.id) is flight
+                if owned:
+                    del self._in_flight[job.id]
+            if not owned or outcome.ending is Ending.CANCELLED:
+                log.info("job %d stopped: cancelled, timed out or released", job.id)
+            else:
+                self._report(job, outcome, tail(buffer.getvalue()), chain=False)
+        finally:
+            self._async_slots.release()
+            with self._state:
+                self._async_busy -= 1
+                self._state.notify_all()
+
+    def _report(self, job: Job, outcome: Outcome, output: str | None, chain: bool = True) -> Job | None:
+        """Record the outcome; with `chain`, claim the next job in the same commit and return it."""
         value = outcome.value
         try:
             if outcome.ending is Ending.RETURNED:
                 try:
-                    then = None if self._stopping.is_set() else self._request()
+                    then = None if self._stopping.is_set() or not chain else self._request()
                     following = self.manager.complete(job, value, output, then)
                     self._tally(completed=1)
                     self._hook(job, "on_complete")
                     return following
-                except PayloadError as exc:
-                    value = exc
+                except PayloadError as exc:  # a result that is not JSON never will be
+                    value = Unretryable(f"the result cannot be stored: {exc}")
             verdict = self.manager.fail(job, value, output, retry=outcome.retry)
             self._tally(failed=1)
             log.info("job %d failed (%s): %s", job.id, verdict, _last_line(value))
@@ -385,6 +488,7 @@ class Worker:
             (CANCEL_EVERY, lambda: self._guard(self._watch_cancellations)),
             (PERIODIC_EVERY, lambda: self._guard(lambda: self.manager.tick_periodic(self._filter().tasks))),
             (TIDY_EVERY, lambda: self._guard(self.manager.tidy)),
+            (CANCEL_EVERY, self._watch_loop),
         ]
         if self.retention is not None:
             chores.append((min(60.0, max(1.0, self.retention / 10)), lambda: self._guard(self._prune)))
@@ -405,6 +509,10 @@ class Worker:
                         if f.job.timeout is not None
                     ]
             self._keeper_wake.wait(max(0.0, min(due) - time.monotonic()))
+
+    def _watch_loop(self) -> None:
+        if self._loop is not None:
+            self._loop.warn_if_blocked(Worker._run_async.__code__)
 
     def _recover(self) -> None:
         for job, verdict in self.manager.recover():
@@ -445,6 +553,8 @@ class Worker:
         with self._state:
             if self._in_flight.get(flight.job.id) is not flight or not self._retire(flight):
                 return
+            if flight.task is not None:  # its slot frees itself when the coroutine unwinds
+                return
         self._hand_on()
 
     def _expire_timeouts(self) -> None:
@@ -453,6 +563,8 @@ class Worker:
         with self._state:
             for flight in list(self._in_flight.values()):
                 timeout = flight.job.timeout
+                if flight.task is not None:  # a coroutine's timeout interrupts it at an await
+                    continue
                 if timeout is not None and now - flight.started >= timeout and self._retire(flight):
                     late.append(flight)
         for flight in late:
@@ -471,6 +583,9 @@ class Worker:
         this worker's, and its handler is told to stop. False if the runner is already retired."""
         self._in_flight.pop(flight.job.id, None)
         flight.context.cancel.set()  # progress() raises Cancelled in a cooperative handler
+        if flight.task is not None:  # a coroutine: cancelled at its next await, no thread to retire
+            flight.task.cancel()
+            return True
         if flight.runner in self._retired:
             return False
         self._retired.add(flight.runner)
@@ -513,6 +628,18 @@ class Worker:
             action()
         except NbqueueError:
             log.exception("worker housekeeping failed")
+
+
+def check_arguments(fn: Any, job: Job) -> None:
+    """A call the function cannot take can never succeed: Unretryable, before anything runs."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call speak
+        return
+    try:
+        signature.bind(*job.args, **job.kwargs)
+    except TypeError as exc:
+        raise Unretryable(f"the job's arguments do not fit {job.task}{signature}: {exc}") from None
 
 
 def _last_line(error: object) -> str:

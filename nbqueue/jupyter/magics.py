@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import re
 import shlex
@@ -151,13 +152,19 @@ class _LatestDefinition:
         self.__name__ = getattr(original, "__name__", name)
         self.__doc__ = getattr(original, "__doc__", None)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The current definition's signature: a call it cannot take is refused before it runs."""
+        return inspect.signature(self._current())
+
+    def _current(self) -> Any:
         current = self.namespace.get(self.name, self.original) if self.name else self.original
         if isinstance(current, Task):
             current = current.fn
-        if not callable(current):
-            current = self.original
-        return current(*args, **kwargs)
+        return current if callable(current) else self.original
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._current()(*args, **kwargs)
 
 
 @magics_class

@@ -87,8 +87,17 @@ def _time(value: Any) -> Any:
     return from_us(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _next_start(row: Sequence[Any], now_us: int) -> float:
+    """Seconds until the key's rate lets one more unit start (0: it may start now)."""
+    rate, burst, tat = row[2], float(row[3] or 0), int(row[4] or 0)
+    if not rate:
+        return 0.0
+    return max(0.0, (tat - burst * 1e6 / float(rate) - now_us) / 1e6)
+
+
 def limits_frame(rows: Sequence[Sequence[Any]], waiting: dict[str, int], now_us: int) -> pd.DataFrame:
-    """One row per limit key: what it allows, what holds it now, what waits, and its pause."""
+    """One row per limit key: what it allows, what holds it now, what waits, when its rate lets the
+    next start go, and its pause."""
     pandas = _pandas()
 
     def paused(until: Any) -> Any:
@@ -102,6 +111,7 @@ def limits_frame(rows: Sequence[Sequence[Any]], waiting: dict[str, int], now_us:
             "burst": pandas.array([r[3] for r in rows], dtype="float64"),
             "in_flight": pandas.array([int(r[7] or 0) for r in rows], dtype="int64"),
             "waiting": pandas.array([waiting.get(r[0], 0) for r in rows], dtype="int64"),
+            "next_start_in": pandas.array([_next_start(r, now_us) for r in rows], dtype="float64"),
             "paused_until": pandas.to_datetime([paused(r[5]) for r in rows], utc=True),
             "paused_why": pandas.array([r[6] if paused(r[5]) else None for r in rows], dtype="string"),
         }

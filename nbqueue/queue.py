@@ -352,7 +352,8 @@ class Queue:
         return self.manager.resume(check_name(key, "limit key"))
 
     def limits(self) -> pd.DataFrame:
-        """Every limit: key, concurrency, rate, burst, in_flight, waiting, paused_until, paused_why."""
+        """Every limit: key, concurrency, rate, burst, in_flight (units running jobs hold), waiting
+        (jobs), next_start_in (seconds until the rate lets one more start), paused_until, paused_why."""
         rows, waiting_per_key, now_us = self.manager.limit_rows()
         return frames.limits_frame(rows, dict(waiting_per_key), now_us)
 

@@ -102,6 +102,32 @@ def jobs_table(jobs: list[Job]) -> str:
     return f"<table class='nbqueue-jobs'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def limits_line(frame: Any) -> str:
+    """LIMITS  openai 4/8 in flight · 500/m, next start in 0.2 s · paused by 429 until 14:32:10 UTC."""
+    parts = []
+    for row in frame.itertuples(index=False):
+        bits = [f"<b>{html.escape(str(row.key))}</b>"]
+        limit = "" if row.concurrency is None or str(row.concurrency) == "<NA>" else f"/{row.concurrency}"
+        held = f"{row.in_flight}{limit}"
+        bits.append(f"{held} in flight")
+        if isinstance(row.rate, str):
+            later = f", next start in {row.next_start_in:.1f} s" if row.next_start_in else ""
+            bits.append(f"{html.escape(row.rate)}{later}")
+        if row.waiting:
+            bits.append(f"{row.waiting} waiting")
+        if str(row.paused_until) not in ("NaT", "None"):
+            why = html.escape(str(row.paused_why or "paused"))
+            bits.append(
+                f"<span class='nbqueue-paused' style='color:#dc3545' title='{why}'>paused until "
+                f"{row.paused_until:%H:%M:%S} UTC ({why[:60]})</span>"
+            )
+        key = html.escape(str(row.key))
+        parts.append(f"<span class='nbqueue-limit' data-key='{key}'>{' · '.join(bits)}</span>")
+    if not parts:
+        return ""
+    return "<div class='nbqueue-limits'><b>LIMITS</b>&nbsp; " + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+
+
 def job_detail(job: Job | None) -> str:
     """Everything about one job: payload, result, error traceback, attempts, output."""
     if job is None:
@@ -201,6 +227,7 @@ class JobBoard(_LiveView):
             f"<b>nbqueue</b> <code>{html.escape(str(queue))}</code>", layout={"margin": "0"}
         )
         self.counts_html = widgets.HTML()
+        self.limits_html = widgets.HTML()
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="done", bar_style="success")
         self.progress_label = widgets.HTML()
         self.status_filter = widgets.Dropdown(
@@ -222,6 +249,7 @@ class JobBoard(_LiveView):
         self.children = [
             self.title,
             self.counts_html,
+            self.limits_html,
             widgets.HBox([self.progress, self.progress_label]),
             widgets.HBox([self.status_filter, self.queue_filter, self.refresh_button]),
             self.table,
@@ -272,6 +300,7 @@ class JobBoard(_LiveView):
                     self._updating = False
             self.counts, self.rows = counts, rows
             self.counts_html.value = "".join(_pill(s, counts[s.value]) for s in State)
+            self.limits_html.value = limits_line(self.queue.limits())
             total = sum(counts.values())
             done = sum(counts[s] for s in ("completed", "dead", "cancelled"))
             self.progress.max = max(total, 1)

@@ -554,3 +554,18 @@ def test_the_worker_never_adopts_a_function_for_a_row_another_process_wrote(ip: 
     assert precious.read_text() == "keep me"
     job = q.get(int(forged or 0))
     assert job.status == "pending" and job.attempts == 0
+
+
+def test_enqueue_runs_an_async_notebook_function_with_limits(ip: Any) -> None:
+    run(
+        ip, "import asyncio\nasync def ask(prompt):\n    await asyncio.sleep(0.01)\n    return prompt.upper()"
+    )
+    q = ip.run_line_magic("nbqueue", "jobs.db")
+    q.limit("llm", concurrency=2)
+    job = ip.run_line_magic("enqueue", "--limits llm ask('hi')")
+    assert job.limits == {"llm": 1}
+    ip.run_line_magic("worker", "start")
+    try:
+        assert finished(q, job.id).value == "HI"
+    finally:
+        ip.run_line_magic("worker", "stop")

@@ -472,3 +472,20 @@ def test_queue_repr_html(queue: Queue) -> None:
     assert cells == queue.counts()
     assert cells["completed"] == 3
     assert queue.target in page
+
+
+def test_the_board_shows_each_limit_with_what_holds_it_and_its_pause(queue: Queue, board_of: Any) -> None:
+    queue.limit("openai", concurrency=8, rate="500/m")
+    queue.limit("tokens", rate="90000/m")
+    queue.enqueue({"n": 1}, limits={"openai": 1, "tokens": 1200})
+    claim = queue.claim()
+    assert claim is not None
+    queue.enqueue({"n": 2}, limits=["openai"])
+    queue.pause("openai", 60, why="HTTP 429: the server asked to wait 60 s")
+    line = board_of().limits_html.value
+    assert "LIMITS" in line
+    assert "<b>openai</b> · 1/8 in flight · 500/m" in line and "1 waiting" in line
+    assert "paused until" in line and "HTTP 429" in line
+    assert "<b>tokens</b> · 1200 in flight · 1500/s, next start in" in line  # 90000/m, as per second
+    assert queue.resume("openai") is True
+    assert "paused" not in board_of().limits_html.value

@@ -27,6 +27,7 @@ TUTORIALS = {
     "03-magics-and-the-board.ipynb",
     "04-agent-pipeline.ipynb",
     "05-long-running.ipynb",
+    "06-async-agents.ipynb",
 }
 
 

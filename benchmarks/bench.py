@@ -26,6 +26,7 @@ from typing import Any
 
 import nbqueue
 from nbqueue.storage import NewJob
+from nbqueue.storage import sqlite_queries as queries
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW_SCHEMA = """
@@ -137,6 +138,24 @@ def drain(folder: Path, n: int, threads: int, synchronous: str = "normal") -> tu
     return nb, raw
 
 
+def drain_limited(folder: Path, n: int, **limit: Any) -> tuple[float, float]:
+    """nbqueue draining jobs that hold a limit key, next to the same drain without limits."""
+    plain = new_queue(folder)
+    fill(plain, n)
+    unlimited = rate(n, plain.worker(concurrency=1, lease=60).run_until_idle)
+    plain.close()
+    q = new_queue(folder)
+    q.limit("bench", **limit)
+    held = q.task(name="bench.limited", limits=["bench"])(noop)
+    for start in range(0, n, 500):
+        for _ in range(min(500, n - start)):
+            held.enqueue()
+    limited = rate(n, q.worker(concurrency=1, lease=60).run_until_idle)
+    assert q.counts()["completed"] == n
+    q.close()
+    return limited, unlimited
+
+
 # -- the same SQL nbqueue runs, on nbqueue's own schema, without nbqueue's Python ----------
 # These separate what the schema costs (indexes for claims and paging, the counts
 # triggers that keep the board O(1)) from what nbqueue's Python adds on top.
@@ -175,41 +194,35 @@ def enqueue_same_schema(folder: Path, n: int) -> tuple[float, float]:
 
 
 def drain_same_schema(folder: Path, n: int) -> tuple[float, float]:
+    """nbqueue's own claim and completion statements (sqlite_queries), run raw in one loop."""
     conn = schema_db(folder)
-    conn.execute("BEGIN IMMEDIATE")
-    conn.executemany(
-        SCHEMA_INSERT.replace("NULL, ?, 0", "'bench.noop', ?, 0"), [('{"args":[0],"kwargs":{}}', 0, 0, 0)] * n
-    )
-    conn.execute("COMMIT")
-    claim = (
-        "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = 'w', "
-        "lease_until = ?, lease_us = 60000000, started_at = ?, updated_at = ? WHERE id = (SELECT id "
-        "FROM nbqueue_jobs WHERE status IN ('pending', 'failed') AND queue = 'default' AND run_at <= ? "
-        "AND task IN ('bench.noop') ORDER BY priority DESC, run_at, id LIMIT 1) RETURNING id"
-    )
-    complete = (
-        "UPDATE nbqueue_jobs SET status = 'completed', result = 'null', finished_at = ?, updated_at = ?, "
-        "lease_until = NULL WHERE id = ? AND status = 'running'"
-    )
+    q = new_queue(folder)
+    fill(q, n)
+    q.close()
+    conn.close()
+    conn = sqlite3.connect(q.target, isolation_level=None)
+    conn.execute("PRAGMA synchronous = NORMAL")
+    where = {"queues": None, "tasks": json.dumps([NOOP]), "signed": "[]", "worker": "w", "lease": 60_000_000}
 
     def raw_work() -> None:  # nbqueue's statements: complete and the next claim in one commit
         stamp = now_us()
         conn.execute("BEGIN IMMEDIATE")
-        row = conn.execute(claim, (stamp + 60_000_000, stamp, stamp, stamp)).fetchone()
+        row = conn.execute(queries.CLAIM_FROM_ANY_QUEUE, {**where, "now": stamp}).fetchone()
         conn.execute("COMMIT")
         while row is not None:
             stamp = now_us()
+            done = {"id": row[0], "attempt": row[9], "result": "null", "output": None, "now": stamp}
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute(complete, (stamp, stamp, row[0]))
-            row = conn.execute(claim, (stamp + 60_000_000, stamp, stamp, stamp)).fetchone()
+            conn.execute(queries.COMPLETE, done)
+            row = conn.execute(queries.CLAIM_FROM_ANY_QUEUE, {**where, "now": stamp}).fetchone()
             conn.execute("COMMIT")
 
     raw = rate(n, raw_work)
+    conn.close()
     q = new_queue(folder)
     fill(q, n)
     nb = rate(n, q.worker(concurrency=1, lease=60).run_until_idle)
     q.close()
-    conn.close()
     return nb, raw
 
 
@@ -479,6 +492,18 @@ def main(argv: list[str] | None = None) -> int:
                 "raw claim-then-complete, fsync",
                 1.0,
                 lambda: drain(folder, max(100, n // 10), 1, "full"),
+            ),
+            (
+                "drain, key concurrency 1000",
+                "the same drain, no limits (the limit check's cost)",
+                0.0,
+                lambda: drain_limited(folder, n, concurrency=1000),
+            ),
+            (
+                "drain, key rate 1000/s",
+                "the same drain, no limits (capped at 1,000/s)",
+                0.0,
+                lambda: drain_limited(folder, n, rate="1000/s"),
             ),
         ]
         print(f"\n{'measure':<28} {'nbqueue/s':>10} {'raw/s':>10} {'ratio':>7} {'target':>7}  versus")

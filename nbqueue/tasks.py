@@ -19,6 +19,7 @@ R = TypeVar("R")
 
 _registry: dict[str, Task[Any, Any]] = {}
 _registry_lock = threading.Lock()
+_version = [0]  # moves on at every change, so workers can keep what they derived from it
 
 
 class Producer(Protocol):
@@ -98,13 +99,20 @@ def default_name(fn: Callable[..., Any]) -> str:
 def register(task: Task[Any, Any]) -> None:
     """Make `task` runnable by every worker in this process (a newer definition wins)."""
     with _registry_lock:
+        _version[0] += 1
         _registry[task.name] = task
 
 
 def unregister(name: str) -> None:
     """Forget a task (for tests and notebooks that redefine things)."""
     with _registry_lock:
+        _version[0] += 1
         _registry.pop(name, None)
+
+
+def version() -> int:
+    """A number that changes whenever a task is registered or forgotten."""
+    return _version[0]
 
 
 def snapshot() -> dict[str, Task[Any, Any]]:
@@ -116,6 +124,7 @@ def snapshot() -> dict[str, Task[Any, Any]]:
 def restore(saved: dict[str, Task[Any, Any]]) -> None:
     """Put the registrations back to a `snapshot`."""
     with _registry_lock:
+        _version[0] += 1
         _registry.clear()
         _registry.update(saved)
 

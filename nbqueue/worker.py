@@ -146,6 +146,7 @@ class Worker:
         self._async_slots = threading.BoundedSemaphore(async_concurrency)
         self._async_busy = 0  # coroutine jobs in flight; guarded by _state
         self._loop: JobLoop | None = None
+        self._filter_made: tuple[int, Filter] = (-1, Filter())
         self._reporter: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -286,8 +287,11 @@ class Worker:
     # -- the loop --------------------------------------------------------------
 
     def _filter(self) -> Filter:
-        tasks = self.tasks if self.tasks is not None else registry.runnable(self.allow)
-        return Filter(self.queues, tasks, registry.signed_names())
+        version = registry.version()
+        if self._filter_made[0] != version:  # the registry changed: which tasks this worker takes
+            tasks = self.tasks if self.tasks is not None else registry.runnable(self.allow)
+            self._filter_made = (version, Filter(self.queues, tasks, registry.signed_names()))
+        return self._filter_made[1]
 
     def _request(self) -> ClaimRequest:
         return ClaimRequest(self._filter(), self.worker_id, to_us(self.lease))
@@ -366,10 +370,11 @@ class Worker:
             self._keeper_wake.set()  # the keeper watches this deadline from now on
         buffer = io.StringIO()
         launched = False
+        handler = None
         try:
             handler = registry.lookup(job.task or "")
-            check_arguments(handler.fn, job)
             if self.mode == "process":
+                check_arguments(handler.fn, job)
                 outcome = run_in_child(job, handler.fn, context.cancel, job.timeout, report)
                 buffer.write(outcome.output or "")
             else:
@@ -380,6 +385,8 @@ class Worker:
                     self._launch(flight, value, buffer)
                     return None
                 outcome = Outcome(Ending.RETURNED, value)
+        except TypeError as exc:  # the call itself may not fit the function: then no retry can help
+            outcome = Outcome(Ending.RAISED, (handler and unfit(handler.fn, job)) or exc)
         except BaseException as exc:  # a handler's failure is the job's, never the worker's
             outcome = Outcome(Ending.RAISED, exc)
         finally:
@@ -630,16 +637,24 @@ class Worker:
             log.exception("worker housekeeping failed")
 
 
-def check_arguments(fn: Any, job: Job) -> None:
-    """A call the function cannot take can never succeed: Unretryable, before anything runs."""
+def unfit(fn: Any, job: Job) -> Unretryable | None:
+    """If the job's arguments cannot bind to the function, why (no retry can mend that)."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin without a signature: let the call speak
-        return
+        return None
     try:
         signature.bind(*job.args, **job.kwargs)
     except TypeError as exc:
-        raise Unretryable(f"the job's arguments do not fit {job.task}{signature}: {exc}") from None
+        return Unretryable(f"the job's arguments do not fit {job.task}{signature}: {exc}")
+    return None
+
+
+def check_arguments(fn: Any, job: Job) -> None:
+    """Before a child process is started for it: a call the function cannot take is Unretryable."""
+    problem = unfit(fn, job)
+    if problem is not None:
+        raise problem
 
 
 def _last_line(error: object) -> str:

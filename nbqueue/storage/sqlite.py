@@ -7,6 +7,7 @@ errors into nbqueue's.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -579,7 +580,9 @@ def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Row | N
     return row
 
 
+@functools.lru_cache(maxsize=64)
 def _filter_params(where: Filter) -> dict[str, Any]:
+    """A filter as the statements' JSON parameters (the same filter comes with every claim)."""
     return {"queues": _ids(where.queues), "tasks": _ids(where.tasks), "signed": _ids(where.signed)}
 
 

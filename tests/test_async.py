@@ -268,3 +268,43 @@ def test_a_coroutine_job_is_retried_like_any_other(queue: Queue) -> None:
     with queue.worker(lease=10):
         assert job.result(timeout=20) == "third time"
     assert queue.get(job.id).retries == 2
+
+
+NOISY = """
+import asyncio, sys, warnings
+import nbqueue
+
+q = nbqueue.Queue(sys.argv[1])
+
+@q.task(name="aio.noisy")
+async def noisy():
+    warnings.warn("careful now", UserWarning, stacklevel=1)
+    print("to stderr", file=sys.stderr)
+    await asyncio.sleep(0)
+    return "ok"
+
+job = noisy.enqueue()
+with q.worker(lease=10) as worker:
+    worker.run_until_idle(timeout=20)
+print(repr(q.get(job.id).output))
+"""
+
+
+def test_warnings_and_stderr_of_a_job_go_into_its_record(queue_target: str) -> None:
+    """In a process of its own (pytest records warnings itself): nothing reaches the process's stderr."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", NOISY, queue_target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert "careful now" in done.stdout and "to stderr" in done.stdout
+    assert done.stderr == ""

@@ -43,6 +43,7 @@ class JobContext:
     report: Report
     still_claimed: StillClaimed | None = None  # None: the cancel flag is all there is to know
     cancel: threading.Event = field(default_factory=threading.Event)
+    made: dict[str, int] = field(default_factory=dict)  # calls it queued (workflows.origin_of)
     last_write: float = float("-inf")
     last_check: float = float("-inf")
 

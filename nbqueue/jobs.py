@@ -24,6 +24,9 @@ class State(StrEnum):
     FAILED = "failed"  # an attempt failed; waiting for its retry at run_at
     DEAD = "dead"
     CANCELLED = "cancelled"
+    BLOCKED = "blocked"  # waiting for its parents (after=); never claimed
+    # A parent ended dead or cancelled: it never runs (root_cause names that job).
+    UPSTREAM_FAILED = "upstream_failed"
 
 
 class Verdict(StrEnum):
@@ -47,14 +50,21 @@ TRANSITIONS: dict[tuple[State, State], str] = {
     (State.FAILED, State.CANCELLED): "cancel",
     (State.DEAD, State.PENDING): "requeue",
     (State.CANCELLED, State.PENDING): "requeue",
+    (State.COMPLETED, State.PENDING): "replay",  # run again, its recorded steps from a given one forgotten
+    (State.BLOCKED, State.PENDING): "unblock",  # its parents are done as it asked
+    (State.BLOCKED, State.UPSTREAM_FAILED): "doom",  # a parent failed as it may not
+    (State.BLOCKED, State.CANCELLED): "cancel",
+    (State.UPSTREAM_FAILED, State.BLOCKED): "requeue",  # re-armed: its root cause was requeued
+    (State.UPSTREAM_FAILED, State.PENDING): "requeue",
+    (State.CANCELLED, State.BLOCKED): "requeue",  # requeued while its parents are unfinished
 }
 
 #: States a job can be claimed from.
 CLAIMABLE = (State.PENDING, State.FAILED)
 #: States that hold an idempotency key: the job is not finished yet.
-UNFINISHED = (State.PENDING, State.FAILED, State.RUNNING)
+UNFINISHED = (State.PENDING, State.FAILED, State.RUNNING, State.BLOCKED)
 #: States a job never leaves by itself.
-FINISHED = (State.COMPLETED, State.DEAD, State.CANCELLED)
+FINISHED = (State.COMPLETED, State.DEAD, State.CANCELLED, State.UPSTREAM_FAILED)
 
 
 def sources(target: State, verb: str) -> tuple[State, ...]:
@@ -175,6 +185,14 @@ class Job:
     limits: dict[str, int] = field(default_factory=dict)
     #: Times it was snoozed (RetryAfter, HTTP 429/503): runs again later, no retry counted.
     snoozes: int = 0
+    #: Parents (after=) it still waits for while blocked.
+    parents_left: int = 0
+    #: What it waits for: "all_succeeded", "all_done" or "any_succeeded" (None: no parents).
+    when: str | None = None
+    #: For an upstream_failed job: the dead or cancelled job at the start of the chain.
+    root_cause: int | None = None
+    #: The workflow (q.workflow) it was made in, if any.
+    workflow: int | None = None
     _source: JobSource | None = field(default=None, repr=False)
 
     @property
@@ -303,6 +321,10 @@ COLUMNS = (
     "signature",
     "limits",
     "snoozes",
+    "parents_left",
+    "wait_when",
+    "root_cause",
+    "workflow",
 )
 
 
@@ -345,6 +367,10 @@ def from_row(row: Sequence[Any]) -> Job:
             signature=row[25],
             limits=json.loads(row[26]) if row[26] else {},
             snoozes=_integer(row[27]),
+            parents_left=_integer(row[28]),
+            when=row[29],
+            root_cause=row[30],
+            workflow=row[31],
         )
     except Exception as exc:  # RecursionError, TypeError, ValueError, OverflowError ...: all damage
         name = type(exc).__name__

@@ -14,14 +14,15 @@ import json
 import logging
 import time
 from collections.abc import Coroutine, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import limits, policy, signing, waiting
+from . import dependencies, limits, policy, signing, waiting, workflows
 from . import payload as payload_json
 from . import tasks as registry
 from .clock import Clock, from_us, system_clock, to_us, utc_seconds
+from .context import current as current_job
 from .errors import (
     DamagedJob,
     InvalidArgument,
@@ -47,6 +48,7 @@ from .retry import Backoff
 from .schedule import Cron, Every
 from .storage import ClaimRequest, Filter, NewJob, Row, Storage
 from .tasks import Task
+from .workflows import Plan, Workflow
 
 log = logging.getLogger("nbqueue.manager")
 
@@ -104,14 +106,63 @@ class JobManager:
     ) -> Job:
         """Queue `task(*args, **kwargs)` with the task's options, some replaced by `options`."""
         chosen = task.options.but(options)
-        body = call_body(args, kwargs)
-        signature = signing.sign(task.name, body) if task.signed else None
-        return self._insert_one(self._new_job(task.name, body, chosen, task.backoff, signature))
+        return self._submit(
+            Plan(task.name, tuple(args), dict(kwargs), None, chosen, task.backoff, task.signed)
+        )
 
     def enqueue_payload(self, payload: Any, options: JobArgs) -> Job:
         """Queue a raw JSON payload job."""
-        chosen = JobOptions.given(options)
-        return self._insert_one(self._new_job(None, payload_json.dumps(payload, "payload"), chosen, None))
+        return self._submit(Plan(None, (), {}, payload, JobOptions.given(options)))
+
+    def _submit(self, plan: Plan) -> Job:
+        """Write one job now, or collect it into the workflow whose block is running."""
+        workflow = workflows.active()
+        if workflow is not None and workflow.owner is self:
+            return workflow.add(plan)  # type: ignore[return-value]  # a Planned stands for the Job
+        plan = self._with_origin(plan)
+        if not plan.parents and plan.origin is None:
+            return self._insert_one(self._new_from_plan(plan, {}, None))
+        [(job_id, _)] = self.storage.insert_linked(
+            1, lambda _i, _ids, _wf: self._new_from_plan(plan, {}, None), None, self.stamp()
+        )
+        return self.get(job_id)
+
+    def workflow(self, name: str) -> Workflow:
+        """A workflow: the jobs made in its `with` block are written together when it ends."""
+        return Workflow(workflows.check_name(name), self._submit_workflow, owner=self)
+
+    def _submit_workflow(self, workflow: Workflow) -> tuple[int, list[Job]]:
+        plans = [self._with_origin(plan) for plan in workflow.plans]
+        made_in: list[int] = []
+
+        def make(index: int, ids: list[int], workflow_id: int | None) -> NewJob:
+            if workflow_id is not None and not made_in:
+                made_in.append(workflow_id)
+            return self._new_from_plan(plans[index], workflows.temporary_ids(workflow, ids), workflow_id)
+
+        made = self.storage.insert_linked(len(plans), make, workflow.name, self.stamp())
+        return made_in[0], self.get_many([job_id for job_id, _ in made])
+
+    def _with_origin(self, plan: Plan) -> Plan:
+        """A job made inside a running job is keyed by that job and the call: made once per job."""
+        running = current_job()
+        if running is None or plan.origin is not None:
+            return plan
+        origin = workflows.origin_of(running.job.id, plan.task, self._body(plan, {}), running.made)
+        return replace(plan, origin=origin)
+
+    def _body(self, plan: Plan, ids: dict[int, int]) -> str:
+        if plan.task is None:
+            return payload_json.dumps(dependencies.encode(plan.payload, ids), "payload")
+        return call_body(dependencies.encode(list(plan.args), ids), dependencies.encode(plan.kwargs, ids))
+
+    def _new_from_plan(self, plan: Plan, ids: dict[int, int], workflow: int | None) -> NewJob:
+        body = self._body(plan, ids)
+        signature = signing.sign(plan.task, body) if plan.signed and plan.task else None
+        new = self._new_job(plan.task, body, plan.options, plan.backoff, signature)
+        parents = tuple(dependencies.job_ref(p, ids) for p in plan.parents)
+        when = plan.options.when if parents else None
+        return replace(new, parents=parents, when=when, origin=plan.origin, workflow=workflow)
 
     def enqueue_payloads(self, payloads: Iterable[Any], options: JobArgs) -> list[int]:
         """Queue many raw payload jobs in one transaction: all are written, or none."""
@@ -260,6 +311,10 @@ class JobManager:
             log.warning("job %d of task %s is not signed by this user: refused", job.id, job.task)
             self.storage.refuse(job.id, job.attempts, policy.NOT_SIGNED, self.stamp())
             return None
+        if dependencies.MARK in row[4]:  # result_of placeholders: the parents' results, now final
+            wanted = dependencies.markers(job.payload)
+            parents = {p.id: (p.status, p.value, p.error) for p in map(listed, self.storage.get_many(wanted))}
+            job.payload = dependencies.resolve(job.payload, parents)
         return job
 
     def heartbeat(self, job: Job, lease_us: int | None = None) -> Job:

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, NamedTuple, TypedDict
 
 from .clock import Duration, seconds, utc_seconds
+from .dependencies import when
 from .errors import InvalidArgument, JobNotFound
 
 MAX_UNITS = 10**9  # units of one limit key a job may take
@@ -30,6 +31,8 @@ class JobArgs(TypedDict, total=False):
     max_retries: int
     timeout: Duration | None
     limits: Sequence[str] | Mapping[str, int] | None
+    after: Sequence[Any] | None
+    when: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,10 @@ class JobOptions:
     timeout: float | None = None
     #: The limit keys the job holds while it runs: a list (1 unit each) or {key: units}.
     limits: Mapping[str, int] | None = None
+    #: The jobs it waits for (Jobs, ids, or a workflow's planned jobs).
+    after: tuple[Any, ...] = ()
+    #: What it waits for: "all_succeeded", "all_done" or "any_succeeded".
+    when: str = "all_succeeded"
 
     def __post_init__(self) -> None:
         check_name(self.queue, "queue")
@@ -62,6 +69,8 @@ class JobOptions:
         object.__setattr__(self, "delay", seconds(self.delay, "delay"))
         object.__setattr__(self, "timeout", check_timeout(self.timeout))
         object.__setattr__(self, "limits", limit_units(self.limits) or None)
+        object.__setattr__(self, "after", parent_list(self.after))
+        object.__setattr__(self, "when", when(self.when).value)
         if self.run_at is not None:
             if self.delay is not None:
                 raise InvalidArgument("give delay or run_at, not both")
@@ -105,6 +114,21 @@ class Flag(NamedTuple):
     flags: tuple[str, ...]
     type: Callable[[str], Any]
     help: str
+
+
+def parent_list(value: object) -> tuple[Any, ...]:
+    """`after=`: one job or a list of them (Jobs, ids, planned jobs), each with an integer id."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, int) or hasattr(value, "id") else value
+    if isinstance(items, str | bytes | dict) or not isinstance(items, Iterable):
+        raise InvalidArgument(f"after takes jobs or job ids, not {value!r}")
+    found = tuple(items)
+    for item in found:
+        ref = getattr(item, "id", item)
+        if isinstance(ref, bool) or not isinstance(ref, int):
+            raise InvalidArgument(f"after takes jobs or job ids, not {item!r}")
+    return found
 
 
 def parse_limits(text: str) -> dict[str, int]:

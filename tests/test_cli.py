@@ -43,7 +43,8 @@ def test_stats_counts_every_state(db: str) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {s.value: 0 for s in nbqueue.State} | {"pending": 2}
     table = run("stats", db).stdout
-    assert "pending    2" in table and "total      2" in table
+    rows = dict(line.split() for line in table.splitlines())
+    assert rows == {s.value: "0" for s in nbqueue.State} | {"pending": "2", "total": "2"}
 
 
 def test_jobs_lists_dead_ones_with_their_error(db: str) -> None:

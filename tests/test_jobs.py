@@ -22,13 +22,29 @@ LEGAL = {
     (S.FAILED, S.CANCELLED): "cancel",
     (S.DEAD, S.PENDING): "requeue",
     (S.CANCELLED, S.PENDING): "requeue",
+    (S.COMPLETED, S.PENDING): "replay",
+    (S.BLOCKED, S.PENDING): "unblock",
+    (S.BLOCKED, S.UPSTREAM_FAILED): "doom",
+    (S.BLOCKED, S.CANCELLED): "cancel",
+    (S.UPSTREAM_FAILED, S.BLOCKED): "requeue",
+    (S.UPSTREAM_FAILED, S.PENDING): "requeue",
+    (S.CANCELLED, S.BLOCKED): "requeue",
 }
 ALL_PAIRS = list(itertools.product(State, State))
 ILLEGAL = [pair for pair in ALL_PAIRS if pair not in LEGAL]
 
 
-def test_six_states() -> None:
-    assert [s.value for s in State] == ["pending", "running", "completed", "failed", "dead", "cancelled"]
+def test_eight_states() -> None:
+    assert [s.value for s in State] == [
+        "pending",
+        "running",
+        "completed",
+        "failed",
+        "dead",
+        "cancelled",
+        "blocked",
+        "upstream_failed",
+    ]
 
 
 def test_transition_table_is_the_documented_one() -> None:
@@ -37,8 +53,8 @@ def test_transition_table_is_the_documented_one() -> None:
 
 def test_state_groups() -> None:
     assert set(CLAIMABLE) == {S.PENDING, S.FAILED}
-    assert set(UNFINISHED) == {S.PENDING, S.FAILED, S.RUNNING}
-    assert set(FINISHED) == {S.COMPLETED, S.DEAD, S.CANCELLED}
+    assert set(UNFINISHED) == {S.PENDING, S.FAILED, S.RUNNING, S.BLOCKED}
+    assert set(FINISHED) == {S.COMPLETED, S.DEAD, S.CANCELLED, S.UPSTREAM_FAILED}
 
 
 @pytest.mark.parametrize(("current", "target"), list(LEGAL), ids=lambda s: s.value)
@@ -58,10 +74,10 @@ def test_illegal_transition_raises(current: State, target: State) -> None:
 
 
 def test_every_pair_is_covered() -> None:
-    assert len(LEGAL) + len(ILLEGAL) == len(State) ** 2 == 36
+    assert len(LEGAL) + len(ILLEGAL) == len(State) ** 2 == 64
 
 
 @pytest.mark.parametrize("state", list(FINISHED), ids=lambda s: s.value)
 def test_finished_states_never_move_by_themselves(state: State) -> None:
-    # Only a human requeue may take a job out of a finished state.
-    assert all(verb == "requeue" for (a, _), verb in TRANSITIONS.items() if a == state)
+    # Only a human requeue (or a replay of a completed job's steps) takes a job out of a finished state.
+    assert all(verb in ("requeue", "replay") for (a, _), verb in TRANSITIONS.items() if a == state)

@@ -22,12 +22,14 @@ from ..queue import Queue
 log = logging.getLogger("nbqueue.views")
 
 COLOURS = {
+    State.BLOCKED: "#6f42c1",
     State.PENDING: "#6c757d",
     State.RUNNING: "#0d6efd",
     State.COMPLETED: "#198754",
     State.FAILED: "#fd7e14",
     State.DEAD: "#dc3545",
     State.CANCELLED: "#adb5bd",
+    State.UPSTREAM_FAILED: "#e685b5",
 }
 ALL = "all"
 DETAIL_LIMIT = 20_000  # characters of a payload, result, error or output the detail pane shows

@@ -42,6 +42,12 @@ class NewJob:
     signature: str | None = None  # nbqueue.signing: the job was queued by this user's process
     limits: str | None = None  # JSON {key: units} (nbqueue.limits), None for an unlimited job
     gate: str = ""  # the job's set of limit keys, as the claim index groups them
+    parents: tuple[int, ...] = ()  # after=: the jobs it waits for
+    when: str | None = None  # what it waits for (nbqueue.dependencies.When)
+    origin: str | None = (
+        None  # made by a running job: that job and the call (made once however often retried)
+    )
+    workflow: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +90,45 @@ class Storage(Protocol):
 
     def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
         """Write jobs in one transaction; (id, created) each. A held key returns its job's id."""
+        ...
+
+    def insert_linked(
+        self,
+        count: int,
+        make: Callable[[int, list[int], int | None], NewJob],
+        workflow: str | None,
+        now: int | None,
+    ) -> list[tuple[int, bool]]:
+        """Write `count` jobs that may wait for parents, in one transaction: `make(i, ids, wf)` gives
+        job i, knowing the ids of the jobs before it (and the workflow's id, when `workflow` names
+        one to create). (id, created) each; a parent that does not exist rolls everything back."""
+        ...
+
+    def edges(self, job_ids: Sequence[int]) -> list[Row]:
+        """(parent, child) for every edge that touches these jobs."""
+        ...
+
+    def workflow_jobs(self, workflow: int) -> list[int]:
+        """The ids of a workflow's jobs."""
+        ...
+
+    def step_values(self, job_id: int) -> dict[str, str]:
+        """The steps a job recorded: name -> JSON value."""
+        ...
+
+    def record_step(
+        self, job_id: int, attempt: int, name: str, value: str, started: int, now: int | None
+    ) -> str | None:
+        """Record a step under the live lease; its stored value (the first one recorded wins), or
+        None if the claim is gone (nothing recorded)."""
+        ...
+
+    def steps(self, job_id: int) -> list[Row]:
+        """A job's steps: name, value, attempt, started_at, finished_at, in the order they finished."""
+        ...
+
+    def forget_steps(self, job_id: int, since: int) -> int:
+        """Forget the steps that finished at or after `since`; how many."""
         ...
 
     def claim(self, request: ClaimRequest, now: int | None) -> Row | None:

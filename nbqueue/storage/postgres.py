@@ -33,7 +33,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Decide, Filter, NewJob, Row
+from . import ClaimRequest, Decide, Filter, NewJob, Row, cascade
 from . import postgres_queries as sql
 
 try:
@@ -84,6 +84,16 @@ def _filter_params(where: Filter) -> Params:
         name: None if value is None else list(value)
         for name, value in (("queues", where.queues), ("tasks", where.tasks), ("signed", where.signed))
     }
+
+
+def _runner(cur: psycopg.Cursor[Any]) -> cascade.Run:
+    """cascade's `run(name, params)` on this transaction's cursor."""
+
+    def run(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        cur.execute(getattr(sql, name), params)
+        return cur.fetchall() if cur.description else []
+
+    return run
 
 
 def _token() -> int:
@@ -295,6 +305,64 @@ class PostgresStorage:
         statement = sql.CLAIM_FROM_ANY_QUEUE if request.where.queues is None else sql.CLAIM_FROM_QUEUES
         return self._one(statement, {**self._claim_params(request), "now": now}, lost=sql.CLAIMED)
 
+    def insert_linked(
+        self,
+        count: int,
+        make: Callable[[int, list[int], int | None], NewJob],
+        workflow: str | None,
+        now: int | None,
+    ) -> list[tuple[int, bool]]:
+        token = _token()
+
+        def work(cur: psycopg.Cursor[Any]) -> list[tuple[int, bool]]:
+            run = _runner(cur)
+            wf = None if workflow is None else int(run("NEW_WORKFLOW", {"name": workflow, "now": now})[0][0])
+            made: list[tuple[int, bool]] = []
+            for i in range(count):
+                new = make(i, [job_id for job_id, _ in made], wf)
+                made.append(cascade.link(run, new, now, {"token": token}))
+            cur.execute(sql.WAKE, {"channel": self.channel})
+            return made
+
+        def committed() -> list[tuple[int, bool]] | None:
+            found = self._rows(sql.INSERTED, {"token": token})
+            return [(int(r[0]), True) for r in found] or None
+
+        made = self._run(work, transaction=True, committed=committed)
+        self.notify()
+        return made
+
+    def edges(self, job_ids: Sequence[int]) -> list[Row]:
+        return self._rows(sql.EDGES_OF, {"ids": list(job_ids)})
+
+    def workflow_jobs(self, workflow: int) -> list[int]:
+        return [int(r[0]) for r in self._rows(sql.IN_WORKFLOW, {"workflow": workflow})]
+
+    def step_values(self, job_id: int) -> dict[str, str]:
+        return {str(name): str(value) for name, value in self._rows(sql.STEP_VALUES, {"id": job_id})}
+
+    def record_step(
+        self, job_id: int, attempt: int, name: str, value: str, started: int, now: int | None
+    ) -> str | None:
+        params = {
+            "id": job_id,
+            "attempt": attempt,
+            "name": name,
+            "value": value,
+            "started": started,
+            "now": now,
+        }
+        if self._one(sql.RECORD_STEP, params, lost=sql.STEP_OF) is not None:
+            return value
+        held = self._one(sql.STEP_OF, params)  # recorded before (a parallel twin), if the claim lives
+        return str(held[0]) if held and self._one(sql.STILL_CLAIMED, params) else None
+
+    def steps(self, job_id: int) -> list[Row]:
+        return self._rows(sql.STEPS, {"id": job_id})
+
+    def forget_steps(self, job_id: int, since: int) -> int:
+        return len(self._rows(sql.FORGET_STEPS, {"id": job_id, "since": since}))
+
     def limited_waiting(self, where: Filter) -> bool:
         if where.matches_nothing:
             return False
@@ -422,7 +490,9 @@ class PostgresStorage:
         }
         if then_claim is None or then_claim.where.matches_nothing:
             row = self._one(sql.COMPLETE, params, lost=sql.COMPLETED)
-            return bool(row and row[0]), None
+            if row and row[0]:
+                return True, None
+            return self._finish_linked(sql.COMPLETE_LINKED, params, State.COMPLETED, sql.COMPLETED), None
         if then_claim.where.queues is None:
             statement = sql.COMPLETE_THEN_CLAIM_FROM_ANY_QUEUE
         else:
@@ -430,9 +500,27 @@ class PostgresStorage:
         row = self._one(
             statement, {**params, **self._claim_params(then_claim)}, lost=sql.COMPLETED_THEN_CLAIMED
         )
-        if row is None or not row[0]:
-            return False, None
+        if row is None or not row[0]:  # a job with children (or a lost lease): the slow way
+            return self._finish_linked(sql.COMPLETE_LINKED, params, State.COMPLETED, sql.COMPLETED), None
         return True, None if row[1] is None else row[1:]
+
+    def _finish_linked(self, statement: str, params: Params, state: State, lost: str) -> bool:
+        """Finish a job in a transaction that also resolves its children (storage/cascade.py).
+        The statement returns a row ending in has_children, or none if the lease was lost."""
+
+        def work(cur: psycopg.Cursor[Any]) -> bool:
+            cur.execute(statement, params)  # type: ignore[arg-type]
+            row = cur.fetchone()
+            if row is None:
+                return False
+            if row[-1] and state is not State.FAILED:
+                cascade.resolve(_runner(cur), [(int(params["id"]), state, None)], params.get("now"))
+            return True
+
+        def committed() -> bool | None:
+            return True if self._one(lost, params) else None
+
+        return self._run(work, transaction=True, committed=committed)
 
     def fail(
         self,
@@ -456,7 +544,10 @@ class PostgresStorage:
             "channel": self.channel,
             "wake": status is State.FAILED,
         }
-        return self._one(sql.FAIL_EXPIRED if expired else sql.FAIL, params, lost=sql.FAILED) is not None
+        if not expired and self._one(sql.FAIL, params, lost=sql.FAILED) is not None:
+            return True
+        statement = sql.FAIL_EXPIRED if expired else sql.FAIL_LINKED
+        return self._finish_linked(statement, params, status, sql.FAILED)
 
     def release(self, job_id: int, attempt: int, now: int | None) -> bool:
         params = {"id": job_id, "attempt": attempt, "now": now, "channel": self.channel, "wake": True}
@@ -473,19 +564,52 @@ class PostgresStorage:
         return self._one(sql.SIGN, {"id": job_id, "payload": payload, "signature": signature}) is not None
 
     def bury(self, job_id: int, error: str, now: int | None) -> bool:
-        return self._one(sql.BURY, {"id": job_id, "error": _clean(error), "now": now}) is not None
+        params = {"id": job_id, "error": _clean(error), "now": now}
+
+        def work(cur: psycopg.Cursor[Any]) -> bool:
+            cur.execute(sql.BURY, params)
+            row = cur.fetchone()
+            if row is not None and row[0]:
+                cascade.resolve(_runner(cur), [(job_id, State.DEAD, None)], now)
+            return row is not None
+
+        return self._run(work, transaction=True)
 
     def cancel(self, job_ids: Sequence[int], now: int | None) -> list[int]:
-        rows = self._rows(sql.CANCEL, {"ids": list(job_ids), "now": now}, lost=sql.CANCELLED)
-        return sorted(int(r[0]) for r in rows)
+        params = {"ids": list(job_ids), "now": now}
+
+        def work(cur: psycopg.Cursor[Any]) -> list[int]:
+            cur.execute(sql.CANCEL, params)
+            rows = cur.fetchall()
+            linked = [(int(i), State.CANCELLED, None) for i, children in rows if children]
+            if linked:  # their waiting descendants are doomed in the same transaction
+                cascade.resolve(_runner(cur), linked, now)
+            return sorted(int(r[0]) for r in rows)
+
+        def committed() -> list[int] | None:
+            return [int(r[0]) for r in self._rows(sql.CANCELLED, params)] or None
+
+        return self._run(work, transaction=True, committed=committed)
 
     def requeue(self, job_ids: Sequence[int] | None, now: int | None) -> list[int]:
         params: Params = {"now": now, "channel": self.channel, "wake": True}
-        if job_ids is None:
-            rows = self._rows(sql.REQUEUE_DEAD, params)
-        else:
-            rows = self._rows(sql.REQUEUE_IDS, {**params, "ids": list(job_ids)}, lost=sql.REQUEUED)
-        moved = sorted(int(r[0]) for r in rows)
+        statement = sql.REQUEUE_DEAD if job_ids is None else sql.REQUEUE_IDS
+        if job_ids is not None:
+            params["ids"] = list(job_ids)
+
+        def work(cur: psycopg.Cursor[Any]) -> list[int]:
+            cur.execute(statement, params)  # type: ignore[arg-type]
+            moved = sorted(int(r[0]) for r in cur.fetchall())
+            if moved:  # the graph comes back with them, in the same transaction
+                cascade.rearm(_runner(cur), moved, now)
+            return moved
+
+        def committed() -> list[int] | None:
+            return (
+                None if job_ids is None else ([int(r[0]) for r in self._rows(sql.REQUEUED, params)] or None)
+            )
+
+        moved = self._run(work, transaction=True, committed=committed)
         if moved:
             self.notify()
         return moved

@@ -9,7 +9,7 @@ SQLite come from `storage.rules`.
 
 from __future__ import annotations
 
-from ..jobs import COLUMNS, State
+from ..jobs import COLUMNS, UNFINISHED, State
 from .rules import (
     ANY_STATE_SQL,
     BRIEF_ERROR,
@@ -21,9 +21,10 @@ from .rules import (
     REQUEUEABLE_SQL,
     UNFINISHED_SQL,
     key_is_free,
+    status_in,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
@@ -127,6 +128,27 @@ MIGRATIONS: dict[int, list[str]] = {
         "burst DOUBLE PRECISION NOT NULL DEFAULT 0, tat BIGINT NOT NULL DEFAULT 0, paused_until BIGINT, "
         "paused_why TEXT, updated_at BIGINT NOT NULL)",
     ],
+    # Dependencies between jobs and durable steps (the same meaning as SQLite's version 6).
+    6: [
+        "ALTER TABLE {s}.nbqueue_jobs DROP CONSTRAINT nbqueue_jobs_status_check",
+        f"ALTER TABLE {{s}}.nbqueue_jobs ADD CONSTRAINT nbqueue_jobs_status_check CHECK ({ANY_STATE_SQL})",
+        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN parents_left INTEGER NOT NULL DEFAULT 0, "
+        "ADD COLUMN wait_when TEXT, ADD COLUMN root_cause BIGINT, "
+        "ADD COLUMN has_children INTEGER NOT NULL DEFAULT 0, ADD COLUMN origin TEXT, "
+        "ADD COLUMN workflow BIGINT",
+        "DROP INDEX {s}.nbqueue_key",
+        f"CREATE UNIQUE INDEX nbqueue_key ON {{s}}.nbqueue_jobs (key) "
+        f"WHERE key IS NOT NULL AND {UNFINISHED_SQL}",
+        "CREATE UNIQUE INDEX nbqueue_origin ON {s}.nbqueue_jobs (origin) WHERE origin IS NOT NULL",
+        "CREATE TABLE {s}.nbqueue_edges "
+        "(parent BIGINT NOT NULL, child BIGINT NOT NULL, PRIMARY KEY (parent, child))",
+        "CREATE INDEX nbqueue_edges_child ON {s}.nbqueue_edges (child, parent)",
+        "CREATE TABLE {s}.nbqueue_steps (job_id BIGINT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL, "
+        "attempt INTEGER NOT NULL, started_at BIGINT NOT NULL, finished_at BIGINT NOT NULL, "
+        "PRIMARY KEY (job_id, name))",
+        "CREATE TABLE {s}.nbqueue_workflows "
+        "(id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, created_at BIGINT NOT NULL)",
+    ],
 }
 
 SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
@@ -175,11 +197,100 @@ def _take(chosen: str) -> str:
 
 TAKE = _take("(SELECT id FROM pick)")
 LIVE_CLAIM = "id = %(id)s AND status = 'running' AND attempts = %(attempt)s"
-DONE = (
-    "done AS (UPDATE nbqueue_jobs SET status = 'completed', result = %(result)s, output = %(output)s, "
-    f"finished_at = c.now, updated_at = c.now, lease_until = NULL FROM c WHERE {LIVE_CLAIM} "
-    "AND lease_until > c.now RETURNING nbqueue_jobs.id)"
+
+# -- dependencies and steps (storage/cascade.py runs these by name) ------------------------
+
+IDS = "ANY(%(ids)s::bigint[])"
+# A parent a child still needs (to be waited for, or for its result at the claim): kept by purge.
+PARENT_NEEDED = (
+    "EXISTS (SELECT 1 FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
+    f"WHERE e.parent = nbqueue_jobs.id AND {status_in(UNFINISHED, 'c.status')})"
 )
+LINK_PARENTS = f"UPDATE nbqueue_jobs SET has_children = 1 WHERE id = {IDS} RETURNING id, status, root_cause"
+ORIGIN_HELD = "SELECT id FROM nbqueue_jobs WHERE origin = %(origin)s"
+NEW_WORKFLOW = f"INSERT INTO nbqueue_workflows (name, created_at) VALUES (%(name)s, {NOW}) RETURNING id"
+INSERT_LINKED = (
+    f"WITH {CLOCK} INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, "
+    "run_at, created_at, updated_at, timeout, backoff, signature, limits, gate, parents_left, wait_when, "
+    "root_cause, error, finished_at, origin, workflow, enqueue_token) SELECT %(status)s, %(queue)s, "
+    "%(task)s, %(payload)s, %(priority)s, %(key)s, %(max_retries)s, coalesce(%(run_at_us)s, c.now + "
+    "%(delay_us)s), c.now, c.now, %(timeout)s, %(backoff)s, %(signature)s, %(limits)s, %(gate)s, %(left)s, "
+    "%(wait_when)s, %(root)s, %(error)s, CASE WHEN %(status)s = 'upstream_failed' THEN c.now END, "
+    "%(origin)s, %(workflow)s, %(token)s FROM c RETURNING id"
+)
+INSERT_EDGE = (
+    "INSERT INTO nbqueue_edges (parent, child) VALUES (%(parent)s, %(child)s) ON CONFLICT DO NOTHING"
+)
+CHILDREN_BLOCKED = (
+    "SELECT e.parent, c.id, c.wait_when, c.parents_left FROM nbqueue_edges e JOIN nbqueue_jobs c "
+    f"ON c.id = e.child WHERE e.parent = {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent"
+)
+SET_LEFT = "UPDATE nbqueue_jobs SET parents_left = %(left)s WHERE id = %(id)s AND status = 'blocked'"
+UNBLOCK = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', parents_left = %(left)s, "
+    "run_at = greatest(run_at, c.now), updated_at = c.now FROM c WHERE id = %(id)s AND status = 'blocked'"
+)
+DOOM = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'upstream_failed', parents_left = %(left)s, "
+    "root_cause = %(root)s, error = %(error)s, finished_at = c.now, updated_at = c.now FROM c "
+    "WHERE id = %(id)s AND status = 'blocked' RETURNING has_children"
+)
+WAITS_FOR = "SELECT wait_when FROM nbqueue_jobs WHERE id = %(id)s"
+PARENTS_OF = (
+    "SELECT p.id, p.status, p.root_cause FROM nbqueue_edges e JOIN nbqueue_jobs p ON p.id = e.parent "
+    "WHERE e.child = %(id)s"
+)
+SETTLE = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = %(status)s, parents_left = %(left)s, "
+    "root_cause = %(root)s, error = coalesce(%(error)s, error), "
+    "finished_at = CASE WHEN %(status)s = 'upstream_failed' THEN c.now END, updated_at = c.now FROM c "
+    "WHERE id = %(id)s"
+)
+DOOMED_BY = (
+    "SELECT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
+    f"WHERE e.parent = {IDS} AND c.status = 'upstream_failed' AND c.root_cause = %(root)s"
+)
+REARM = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, finished_at = NULL, "
+    "updated_at = c.now FROM c WHERE id = %(id)s AND status = 'upstream_failed'"
+)
+BUMP_CHILDREN = (
+    "UPDATE nbqueue_jobs SET parents_left = parents_left + 1 WHERE status = 'blocked' "
+    f"AND id IN (SELECT child FROM nbqueue_edges WHERE parent = {IDS})"
+)
+EDGES_OF = (
+    f"SELECT parent, child FROM nbqueue_edges WHERE child = {IDS} OR parent = {IDS} ORDER BY child, parent"
+)
+IN_WORKFLOW = "SELECT id FROM nbqueue_jobs WHERE workflow = %(workflow)s ORDER BY id"
+STEP_VALUES = "SELECT name, value FROM nbqueue_steps WHERE job_id = %(id)s"
+# A step is recorded only under the caller's live lease: a stale worker records nothing.
+RECORD_STEP = (
+    f"WITH {CLOCK} INSERT INTO nbqueue_steps (job_id, name, value, attempt, started_at, finished_at) "
+    "SELECT %(id)s, %(name)s, %(value)s, %(attempt)s, %(started)s, c.now FROM nbqueue_jobs, c "
+    f"WHERE {LIVE_CLAIM} AND lease_until > c.now ON CONFLICT (job_id, name) DO NOTHING RETURNING 1"
+)
+STILL_CLAIMED = f"SELECT 1 FROM nbqueue_jobs WHERE {LIVE_CLAIM}"
+STEP_OF = "SELECT value FROM nbqueue_steps WHERE job_id = %(id)s AND name = %(name)s"
+STEPS = (
+    "SELECT name, value, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = %(id)s "
+    "ORDER BY finished_at, name"
+)
+FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = %(id)s AND finished_at >= %(since)s RETURNING 1"
+# A job with children finishes in a transaction that also resolves them (storage/cascade.py):
+# the one-statement paths below leave it alone (`has_children = 0`), and the storage then
+# takes the transactional path (the *_LINKED statements).
+CHILDLESS = " AND has_children = 0"
+
+
+def _done(guard: str) -> str:
+    return (
+        "done AS (UPDATE nbqueue_jobs SET status = 'completed', result = %(result)s, output = %(output)s, "
+        f"finished_at = c.now, updated_at = c.now, lease_until = NULL FROM c WHERE {LIVE_CLAIM} "
+        f"AND lease_until > c.now{guard} RETURNING nbqueue_jobs.id, nbqueue_jobs.has_children)"
+    )
+
+
+DONE = _done(CHILDLESS)
 
 
 def _claim(waiting: str) -> str:
@@ -283,6 +394,7 @@ WAITING_PER_KEY = (
 COMPLETE_THEN_CLAIM_FROM_QUEUES = _complete_then_claim(NAMED_QUEUES)
 COMPLETE_THEN_CLAIM_FROM_ANY_QUEUE = _complete_then_claim(EVERY_WAITING_QUEUE)
 COMPLETE = f"WITH {CLOCK}, {DONE} SELECT count(*) FROM done"
+COMPLETE_LINKED = f"WITH {CLOCK}, {_done('')} SELECT has_children FROM done"
 NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)
 NEXT_DUE_IN_ANY_QUEUE = _next_due(EVERY_WAITING_QUEUE)
 
@@ -331,18 +443,19 @@ HEARTBEAT = (
 _WAKE = "(SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '') WHERE %(wake)s) n)"
 
 
-def _fail(lease_test: str) -> str:
+def _fail(lease_test: str, guard: str = "") -> str:
     failed = f"(%(status)s = '{State.FAILED.value}')"
     return (
         f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = %(status)s, error = %(error)s, output = %(output)s, "
         f"retries = retries + {failed}::int, "
         f"run_at = CASE WHEN {failed} THEN c.now + %(delay)s ELSE run_at END, "
         f"finished_at = CASE WHEN {failed} THEN NULL ELSE c.now END, updated_at = c.now, lease_until = NULL "
-        f"FROM c WHERE {LIVE_CLAIM} AND {lease_test} RETURNING {_WAKE}"
+        f"FROM c WHERE {LIVE_CLAIM} AND {lease_test}{guard} RETURNING {_WAKE}, nbqueue_jobs.has_children"
     )
 
 
-FAIL = _fail("lease_until > c.now")
+FAIL = _fail("lease_until > c.now", f" AND (has_children = 0 OR %(status)s = '{State.FAILED.value}')")
+FAIL_LINKED = _fail("lease_until > c.now")
 FAIL_EXPIRED = _fail("lease_until <= c.now")
 SNOOZE = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', error = %(error)s, output = %(output)s, "
@@ -364,11 +477,13 @@ SIGN = (
 )
 BURY = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'dead', error = %(error)s, lease_until = NULL, "
-    "finished_at = c.now, updated_at = c.now FROM c WHERE id = %(id)s AND status = 'running' RETURNING 1"
+    "finished_at = c.now, updated_at = c.now FROM c WHERE id = %(id)s AND status = 'running' "
+    "RETURNING has_children"
 )
 CANCEL = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'cancelled', updated_at = c.now, lease_until = NULL, "
-    f"finished_at = c.now FROM c WHERE id = ANY(%(ids)s::bigint[]) AND {CANCELLABLE_SQL} RETURNING id"
+    f"finished_at = c.now FROM c WHERE id = ANY(%(ids)s::bigint[]) AND {CANCELLABLE_SQL} "
+    "RETURNING id, has_children"
 )
 _REQUEUE_SET = (
     f"WITH {CLOCK}, moved AS (UPDATE nbqueue_jobs SET status = 'pending', updated_at = c.now, retries = 0, "
@@ -402,7 +517,7 @@ DELETE = f"DELETE FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) AND {FINIS
 PURGE = (
     "WITH gone AS (DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs "
     f"WHERE updated_at < {NOW} - %(age)s AND status = ANY(%(statuses)s::text[]) AND {FINISHED_SQL} "
-    "ORDER BY id LIMIT %(limit)s) RETURNING 1) SELECT count(*) FROM gone"
+    f"AND NOT {PARENT_NEEDED} ORDER BY id LIMIT %(limit)s) RETURNING 1) SELECT count(*) FROM gone"
 )
 
 # Counts: fold the appended changes into nbqueue_counts (one folder at a time), atomically,

@@ -31,7 +31,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Decide, Filter, NewJob, Row
+from . import ClaimRequest, Decide, Filter, NewJob, Row, cascade
 from . import sqlite_queries as sql
 
 BUSY_TIMEOUT_MS = 10_000
@@ -274,6 +274,56 @@ class SQLiteStorage:
         self.notify()
         return ids
 
+    def insert_linked(
+        self,
+        count: int,
+        make: Callable[[int, list[int], int | None], NewJob],
+        workflow: str | None,
+        now: int | None,
+    ) -> list[tuple[int, bool]]:
+        now = _stamp(now)
+
+        def work(conn: sqlite3.Connection) -> list[tuple[int, bool]]:
+            run = _runner(conn)
+            wf = None if workflow is None else int(run("NEW_WORKFLOW", {"name": workflow, "now": now})[0][0])
+            made: list[tuple[int, bool]] = []
+            for i in range(count):
+                made.append(cascade.link(run, make(i, [job_id for job_id, _ in made], wf), now))
+            return made
+
+        made = self._write(work)
+        self.notify()
+        return made
+
+    def edges(self, job_ids: Sequence[int]) -> list[Row]:
+        return self._read(sql.EDGES_OF, {"ids": _ids(job_ids)})
+
+    def workflow_jobs(self, workflow: int) -> list[int]:
+        return [int(r[0]) for r in self._read(sql.IN_WORKFLOW, {"workflow": workflow})]
+
+    def step_values(self, job_id: int) -> dict[str, str]:
+        return {str(name): str(value) for name, value in self._read(sql.STEP_VALUES, {"id": job_id})}
+
+    def record_step(
+        self, job_id: int, attempt: int, name: str, value: str, started: int, now: int | None
+    ) -> str | None:
+        params = {"id": job_id, "attempt": attempt, "name": name, "value": value, "started": started}
+
+        def work(conn: sqlite3.Connection) -> str | None:
+            if conn.execute(sql.RECORD_STEP, {**params, "now": _stamp(now)}).rowcount != 1:
+                held = conn.execute(sql.STEP_OF, params).fetchone()  # recorded before (a parallel twin)?
+                live = conn.execute(sql.STILL_CLAIMED, params).fetchone()
+                return str(held[0]) if held and live else None
+            return value
+
+        return self._write(work)
+
+    def steps(self, job_id: int) -> list[Row]:
+        return self._read(sql.STEPS, {"id": job_id})
+
+    def forget_steps(self, job_id: int, since: int) -> int:
+        return self._change(sql.FORGET_STEPS, {"id": job_id, "since": since})
+
     def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
         now = _stamp(now)
         return self._write(lambda conn: _claim(conn, request, now))
@@ -380,8 +430,11 @@ class SQLiteStorage:
         params = {"id": job_id, "attempt": attempt, "result": result, "output": output, "now": now}
 
         def work(conn: sqlite3.Connection) -> tuple[bool, Row | None]:
-            if conn.execute(sql.COMPLETE, params).rowcount != 1:
+            done = conn.execute(sql.COMPLETE, params).fetchone()
+            if done is None:
                 return False, None
+            if done[0]:  # its children learn of it in the same transaction
+                cascade.resolve(_runner(conn), [(job_id, State.COMPLETED, None)], now)
             # The next claim rides in the same commit: half the fsyncs per job.
             return True, None if then_claim is None else _claim(conn, then_claim, now)
 
@@ -407,7 +460,16 @@ class SQLiteStorage:
             "delay": delay_us,
             "now": _stamp(now),
         }
-        changed = self._change(sql.FAIL_EXPIRED if expired else sql.FAIL, params) == 1
+        statement = sql.FAIL_EXPIRED if expired else sql.FAIL
+        moment = _stamp(now)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(statement, params).fetchone()
+            if row is not None and row[0] and status is State.DEAD:
+                cascade.resolve(_runner(conn), [(job_id, State.DEAD, None)], moment)
+            return row is not None
+
+        changed = self._write(work)
         if changed and status is State.FAILED:
             self.notify()
         return changed
@@ -428,16 +490,40 @@ class SQLiteStorage:
         return self._change(sql.SIGN, {"id": job_id, "payload": payload, "signature": signature}) == 1
 
     def bury(self, job_id: int, error: str, now: int | None) -> bool:
-        return self._change(sql.BURY, {"id": job_id, "error": error, "now": _stamp(now)}) == 1
+        now = _stamp(now)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(sql.BURY, {"id": job_id, "error": error, "now": now}).fetchone()
+            if row is not None and row[0]:
+                cascade.resolve(_runner(conn), [(job_id, State.DEAD, None)], now)
+            return row is not None
+
+        return self._write(work)
 
     def cancel(self, job_ids: Sequence[int], now: int | None) -> list[int]:
-        return self._changed_ids(sql.CANCEL, {"ids": _ids(job_ids), "now": _stamp(now)})
+        now = _stamp(now)
+
+        def work(conn: sqlite3.Connection) -> list[int]:
+            rows = conn.execute(sql.CANCEL, {"ids": _ids(job_ids), "now": now}).fetchall()
+            linked = [(int(i), State.CANCELLED, None) for i, children in rows if children]
+            if linked:  # their waiting descendants are doomed in the same transaction
+                cascade.resolve(_runner(conn), linked, now)
+            return sorted(int(r[0]) for r in rows)
+
+        return self._write(work)
 
     def requeue(self, job_ids: Sequence[int] | None, now: int | None) -> list[int]:
-        if job_ids is None:
-            moved = self._changed_ids(sql.REQUEUE_DEAD, {"now": _stamp(now)})
-        else:
-            moved = self._changed_ids(sql.REQUEUE_IDS, {"ids": _ids(job_ids), "now": _stamp(now)})
+        now = _stamp(now)
+        statement = sql.REQUEUE_DEAD if job_ids is None else sql.REQUEUE_IDS
+        params = {"now": now} if job_ids is None else {"ids": _ids(job_ids), "now": now}
+
+        def work(conn: sqlite3.Connection) -> list[int]:
+            moved = sorted(int(r[0]) for r in conn.execute(statement, params).fetchall())
+            if moved:  # the graph comes back with them, in the same transaction
+                cascade.rearm(_runner(conn), moved, now)
+            return moved
+
+        moved = self._write(work)
         if moved:
             self.notify()
         return moved
@@ -578,6 +664,17 @@ def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Row | N
     params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "now": now}
     row: Row | None = conn.execute(statement, params).fetchone()
     return row
+
+
+def _runner(conn: sqlite3.Connection) -> cascade.Run:
+    """cascade's `run(name, params)` on this connection (lists go in as JSON arrays)."""
+
+    def run(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        values = {k: json.dumps(v) if isinstance(v, list) else v for k, v in params.items()}
+        rows: list[tuple[Any, ...]] = conn.execute(getattr(sql, name), values).fetchall()
+        return rows
+
+    return run
 
 
 @functools.lru_cache(maxsize=64)

@@ -7,7 +7,7 @@ a list. The rules shared with PostgreSQL come from `storage.rules`.
 
 from __future__ import annotations
 
-from ..jobs import COLUMNS, State
+from ..jobs import COLUMNS, UNFINISHED, State
 from .rules import (
     ANY_STATE_SQL,
     BRIEF_ERROR,
@@ -19,10 +19,18 @@ from .rules import (
     REQUEUEABLE_SQL,
     UNFINISHED_SQL,
     key_is_free,
+    status_in,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
+# The job columns as of version 5, copied when version 6 rebuilds the table.
+COLS_V5 = (
+    "id, status, queue, task, payload, priority, key, retries, max_retries, attempts, error, run_at, "
+    "created_at, updated_at, started_at, finished_at, lease_until, lease_us, worker_id, timeout, output, "
+    "backoff, result, progress_done, progress_total, progress_message, signature, enqueue_token, "
+    "claim_token, limits, gate, snoozes"
+)
 NEXT_DUE_SCAN = 10_000  # claim-index entries per queue read to find the earliest due job
 
 #: Each version's script, applied in order inside one write transaction. History: never edited.
@@ -111,6 +119,62 @@ MIGRATIONS: dict[int, str] = {
         key TEXT PRIMARY KEY, concurrency INTEGER, rate REAL, burst REAL NOT NULL DEFAULT 0,
         tat INTEGER NOT NULL DEFAULT 0, paused_until INTEGER, paused_why TEXT, updated_at INTEGER NOT NULL
     ) WITHOUT ROWID;
+    """,
+    # Dependencies between jobs and durable steps: the states blocked and upstream_failed
+    # (a CHECK constraint SQLite cannot alter: the table is rebuilt, ids and all), a child's
+    # wait (parents_left, wait_when, root_cause), the edges, steps and workflows. An older
+    # nbqueue refuses the file (SchemaTooNew) instead of running blocked jobs.
+    6: f"""
+    CREATE TEMP TABLE nbqueue_v6_sequence AS SELECT seq FROM sqlite_sequence WHERE name = 'nbqueue_jobs';
+    CREATE TABLE nbqueue_jobs_v6 (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        status TEXT NOT NULL CHECK ({ANY_STATE_SQL}),
+        queue TEXT NOT NULL, task TEXT, payload TEXT NOT NULL, priority INTEGER NOT NULL DEFAULT 0, key TEXT,
+        retries INTEGER NOT NULL DEFAULT 0, max_retries INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        error TEXT, run_at INTEGER NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+        started_at INTEGER, finished_at INTEGER, lease_until INTEGER, lease_us INTEGER, worker_id TEXT,
+        timeout REAL, output TEXT, backoff TEXT, result TEXT, progress_done REAL, progress_total REAL,
+        progress_message TEXT, signature TEXT, enqueue_token INTEGER, claim_token INTEGER, limits TEXT,
+        gate TEXT NOT NULL DEFAULT '', snoozes INTEGER NOT NULL DEFAULT 0,
+        parents_left INTEGER NOT NULL DEFAULT 0, wait_when TEXT, root_cause INTEGER,
+        has_children INTEGER NOT NULL DEFAULT 0, origin TEXT, workflow INTEGER
+    );
+    INSERT INTO nbqueue_jobs_v6 ({COLS_V5}) SELECT {COLS_V5} FROM nbqueue_jobs;
+    DROP TABLE nbqueue_jobs;
+    ALTER TABLE nbqueue_jobs_v6 RENAME TO nbqueue_jobs;
+    UPDATE sqlite_sequence SET seq = max(seq, coalesce((SELECT seq FROM nbqueue_v6_sequence), 0))
+        WHERE name = 'nbqueue_jobs';
+    DROP TABLE nbqueue_v6_sequence;
+    CREATE INDEX nbqueue_claim ON nbqueue_jobs (queue, gate, {CLAIM_ORDER}) WHERE {CLAIMABLE_SQL};
+    CREATE UNIQUE INDEX nbqueue_key ON nbqueue_jobs (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL};
+    CREATE INDEX nbqueue_lease ON nbqueue_jobs (lease_until) WHERE status = 'running';
+    CREATE INDEX nbqueue_status ON nbqueue_jobs (status, id);
+    CREATE INDEX nbqueue_enqueue_token ON nbqueue_jobs (enqueue_token) WHERE enqueue_token IS NOT NULL;
+    CREATE UNIQUE INDEX nbqueue_origin ON nbqueue_jobs (origin) WHERE origin IS NOT NULL;
+    CREATE TRIGGER nbqueue_count_insert AFTER INSERT ON nbqueue_jobs BEGIN
+        INSERT INTO nbqueue_counts VALUES (new.queue, new.status, 1)
+            ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
+    END;
+    CREATE TRIGGER nbqueue_count_delete AFTER DELETE ON nbqueue_jobs BEGIN
+        UPDATE nbqueue_counts SET n = n - 1 WHERE queue = old.queue AND status = old.status;
+    END;
+    CREATE TRIGGER nbqueue_count_update AFTER UPDATE OF status ON nbqueue_jobs
+        WHEN old.status != new.status BEGIN
+        UPDATE nbqueue_counts SET n = n - 1 WHERE queue = old.queue AND status = old.status;
+        INSERT INTO nbqueue_counts VALUES (new.queue, new.status, 1)
+            ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
+    END;
+    CREATE TABLE nbqueue_edges (
+        parent INTEGER NOT NULL, child INTEGER NOT NULL, PRIMARY KEY (parent, child)
+    ) WITHOUT ROWID;
+    CREATE INDEX nbqueue_edges_child ON nbqueue_edges (child, parent);
+    CREATE TABLE nbqueue_steps (
+        job_id INTEGER NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL, attempt INTEGER NOT NULL,
+        started_at INTEGER NOT NULL, finished_at INTEGER NOT NULL, PRIMARY KEY (job_id, name)
+    ) WITHOUT ROWID;
+    CREATE TABLE nbqueue_workflows (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, created_at INTEGER NOT NULL
+    );
     """,
 }
 
@@ -250,13 +314,87 @@ HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = :key AND {UNFINISHED_SQL}"
 
 LIVE_CLAIM = "id = :id AND status = 'running' AND attempts = :attempt"
 
+# -- dependencies and steps (storage/cascade.py runs these by name) ------------------------
+
+# A parent a child still needs (to be waited for, or for its result at the claim): kept by purge.
+PARENT_NEEDED = (
+    "EXISTS (SELECT 1 FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
+    f"WHERE e.parent = nbqueue_jobs.id AND {status_in(UNFINISHED, 'c.status')})"
+)
+LINK_PARENTS = f"UPDATE nbqueue_jobs SET has_children = 1 WHERE id IN {IDS} RETURNING id, status, root_cause"
+ORIGIN_HELD = "SELECT id FROM nbqueue_jobs WHERE origin = :origin"
+NEW_WORKFLOW = "INSERT INTO nbqueue_workflows (name, created_at) VALUES (:name, :now) RETURNING id"
+INSERT_LINKED = (
+    "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, created_at, "
+    "updated_at, timeout, backoff, signature, limits, gate, parents_left, wait_when, root_cause, error, "
+    "finished_at, origin, workflow) VALUES (:status, :queue, :task, :payload, :priority, :key, :max_retries, "
+    ":run_at, :now, :now, :timeout, :backoff, :signature, :limits, :gate, :left, :wait_when, :root, :error, "
+    "CASE WHEN :status = 'upstream_failed' THEN :now END, :origin, :workflow) RETURNING id"
+)
+INSERT_EDGE = "INSERT OR IGNORE INTO nbqueue_edges (parent, child) VALUES (:parent, :child)"
+CHILDREN_BLOCKED = (
+    "SELECT e.parent, c.id, c.wait_when, c.parents_left FROM nbqueue_edges e JOIN nbqueue_jobs c "
+    f"ON c.id = e.child WHERE e.parent IN {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent"
+)
+SET_LEFT = "UPDATE nbqueue_jobs SET parents_left = :left WHERE id = :id AND status = 'blocked'"
+UNBLOCK = (
+    "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = max(run_at, :now), "
+    "updated_at = :now WHERE id = :id AND status = 'blocked'"
+)
+DOOM = (
+    "UPDATE nbqueue_jobs SET status = 'upstream_failed', parents_left = :left, root_cause = :root, "
+    "error = :error, finished_at = :now, updated_at = :now WHERE id = :id AND status = 'blocked' "
+    "RETURNING has_children"
+)
+WAITS_FOR = "SELECT wait_when FROM nbqueue_jobs WHERE id = :id"
+PARENTS_OF = (
+    "SELECT p.id, p.status, p.root_cause FROM nbqueue_edges e JOIN nbqueue_jobs p ON p.id = e.parent "
+    "WHERE e.child = :id"
+)
+SETTLE = (
+    "UPDATE nbqueue_jobs SET status = :status, parents_left = :left, root_cause = :root, "
+    "error = coalesce(:error, error), finished_at = CASE WHEN :status = 'upstream_failed' THEN :now END, "
+    "updated_at = :now WHERE id = :id"
+)
+DOOMED_BY = (
+    "SELECT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
+    f"WHERE e.parent IN {IDS} AND c.status = 'upstream_failed' AND c.root_cause = :root"
+)
+REARM = (
+    "UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, finished_at = NULL, updated_at = :now "
+    "WHERE id = :id AND status = 'upstream_failed'"
+)
+BUMP_CHILDREN = (
+    "UPDATE nbqueue_jobs SET parents_left = parents_left + 1 WHERE status = 'blocked' "
+    f"AND id IN (SELECT child FROM nbqueue_edges WHERE parent IN {IDS})"
+)
+EDGES_OF = (
+    f"SELECT parent, child FROM nbqueue_edges WHERE child IN {IDS} OR parent IN {IDS} ORDER BY child, parent"
+)
+IN_WORKFLOW = "SELECT id FROM nbqueue_jobs WHERE workflow = :workflow ORDER BY id"
+STEP_VALUES = "SELECT name, value FROM nbqueue_steps WHERE job_id = :id"
+# A step is recorded only under the caller's live lease: a stale worker records nothing.
+RECORD_STEP = (
+    "INSERT INTO nbqueue_steps (job_id, name, value, attempt, started_at, finished_at) "
+    "SELECT :id, :name, :value, :attempt, :started, :now FROM nbqueue_jobs "
+    f"WHERE {LIVE_CLAIM} AND lease_until > :now ON CONFLICT (job_id, name) DO NOTHING"
+)
+STILL_CLAIMED = f"SELECT 1 FROM nbqueue_jobs WHERE {LIVE_CLAIM}"
+STEP_OF = "SELECT value FROM nbqueue_steps WHERE job_id = :id AND name = :name"
+STEPS = (
+    "SELECT name, value, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = :id "
+    "ORDER BY finished_at, name"
+)
+FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = :id AND finished_at >= :since"
+
+
 HEARTBEAT = (
     "UPDATE nbqueue_jobs SET lease_until = :now + coalesce(:lease, lease_us), updated_at = :now "
     f"WHERE {LIVE_CLAIM} AND lease_until > :now RETURNING lease_until"
 )
 COMPLETE = (
     "UPDATE nbqueue_jobs SET status = 'completed', result = :result, output = :output, finished_at = :now, "
-    f"updated_at = :now, lease_until = NULL WHERE {LIVE_CLAIM} AND lease_until > :now"
+    f"updated_at = :now, lease_until = NULL WHERE {LIVE_CLAIM} AND lease_until > :now RETURNING has_children"
 )
 
 
@@ -267,7 +405,7 @@ def _fail(lease_test: str) -> str:
         f"retries = retries + {failed}, "  # a dead job used its retries; none is added
         f"run_at = CASE WHEN {failed} THEN :now + :delay ELSE run_at END, "
         f"finished_at = CASE WHEN {failed} THEN NULL ELSE :now END, updated_at = :now, lease_until = NULL "
-        f"WHERE {LIVE_CLAIM} AND {lease_test}"
+        f"WHERE {LIVE_CLAIM} AND {lease_test} RETURNING has_children"
     )
 
 
@@ -289,11 +427,11 @@ REFUSE = (
 SIGN = "UPDATE nbqueue_jobs SET signature = :signature WHERE id = :id AND payload = :payload"
 BURY = (
     "UPDATE nbqueue_jobs SET status = 'dead', error = :error, lease_until = NULL, finished_at = :now, "
-    "updated_at = :now WHERE id = :id AND status = 'running'"
+    "updated_at = :now WHERE id = :id AND status = 'running' RETURNING has_children"
 )
 CANCEL = (
     "UPDATE nbqueue_jobs SET status = 'cancelled', updated_at = :now, lease_until = NULL, finished_at = :now "
-    f"WHERE id IN {IDS} AND {CANCELLABLE_SQL} RETURNING id"
+    f"WHERE id IN {IDS} AND {CANCELLABLE_SQL} RETURNING id, has_children"
 )
 _REQUEUE_SET = (
     "UPDATE nbqueue_jobs SET status = 'pending', updated_at = :now, retries = 0, run_at = :now, "
@@ -320,7 +458,8 @@ EXPIRED = f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= :now ORDER
 DELETE = f"DELETE FROM nbqueue_jobs WHERE id IN {IDS} AND {FINISHED_SQL}"
 PURGE = (
     "DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs WHERE updated_at < :before "
-    f"AND status IN (SELECT value FROM json_each(:statuses)) AND {FINISHED_SQL} ORDER BY id LIMIT :limit)"
+    f"AND status IN (SELECT value FROM json_each(:statuses)) AND {FINISHED_SQL} AND NOT {PARENT_NEEDED} "
+    "ORDER BY id LIMIT :limit)"
 )
 COUNTS = "SELECT status, sum(n) FROM nbqueue_counts GROUP BY status"
 COUNTS_IN_QUEUE = "SELECT status, n FROM nbqueue_counts WHERE queue = :queue"

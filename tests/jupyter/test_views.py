@@ -31,6 +31,11 @@ def make(
 ) -> Job:
     """One job driven through the real API to `state`."""
     state = State(state)
+    if state in (State.BLOCKED, State.UPSTREAM_FAILED):  # behind a parent that waits, or is dead
+        parent = make(q, State.PENDING if state is State.BLOCKED else State.DEAD, queue=queue)
+        if task is not None:
+            return q.get(task.schedule((payload,), queue=queue, after=[parent]).id)
+        return q.get(q.enqueue(payload if payload is not None else {"n": 1}, queue=queue, after=[parent]).id)
     priority = 0 if state is State.PENDING else next(_rising)
     if task is not None:
         job = task.schedule((payload,), queue=queue, priority=priority)
@@ -111,7 +116,7 @@ def test_board_counts_match_the_queue(queue: Queue, board_of: Any) -> None:
     make(queue, "cancelled", queue="other")
     board = board_of()
     assert board.counts == queue.counts()
-    assert board.counts == {
+    assert board.counts == dict.fromkeys(STATES, 0) | {
         "pending": 3,
         "running": 1,
         "completed": 2,
@@ -382,7 +387,7 @@ def test_history_dtypes(queue: Queue) -> None:
     make(queue, "completed", task=parse)
     make(queue, "dead", task=parse)
     frame = queue.history()
-    assert len(frame) == 8
+    assert len(frame) == sum(queue.counts().values()) == len(STATES) + 2 + 2  # blocked, upstream_failed: a parent each
     assert frame["id"].dtype == "int64"
     assert list(frame["id"]) == sorted(frame["id"], reverse=True)  # newest first
     assert isinstance(frame["status"].dtype, pd.CategoricalDtype)
@@ -407,7 +412,7 @@ def test_history_dtypes(queue: Queue) -> None:
     assert by_task[("fetch", "dead")] == 1
     assert by_task[("parse", "dead")] == 1
     assert by_task[("parse", "completed")] == 1
-    assert frame.groupby("task")["status"].count().to_dict() == {"fetch": 6, "parse": 2}
+    assert frame.groupby("task")["status"].count().to_dict() == {"fetch": len(STATES), "parse": 2}
 
 
 def test_history_filters_and_empty_frames_keep_their_dtypes(queue: Queue) -> None:

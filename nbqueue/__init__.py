@@ -8,6 +8,7 @@ from typing import Any
 from .aio import ForeignLoopError, per_loop, run_sync
 from .clock import ManualClock
 from .context import Cancelled, cancelled, progress
+from .dependencies import Outcome, result_of, results_of
 from .errors import (
     DamagedJob,
     DatabaseFull,
@@ -30,8 +31,10 @@ from .errors import (
 from .jobs import Job, Progress, State, Verdict
 from .queue import Queue
 from .retry import Backoff, RetryAfter
+from .steps import step
 from .tasks import Task
 from .worker import Worker
+from .workflows import Workflow
 
 __version__ = "0.1.0"
 
@@ -54,6 +57,7 @@ __all__ = [
     "MissingDependency",
     "NbqueueError",
     "NotAQueueDatabase",
+    "Outcome",
     "PayloadError",
     "Progress",
     "Queue",
@@ -68,11 +72,15 @@ __all__ = [
     "Verdict",
     "WaitTimeout",
     "Worker",
+    "Workflow",
     "__version__",
     "cancelled",
     "per_loop",
     "progress",
+    "result_of",
+    "results_of",
     "run_sync",
+    "step",
 ]
 
 

@@ -5,11 +5,13 @@
             nbqueue.progress(i, len(urls), f"fetching {url}")   # raises Cancelled if cancelled
             ...
 
-Outside a job (a plain call of the function) both are harmless no-ops.
+Outside a job (a plain call of the function) both are harmless no-ops. The context
+also carries the job's StepBook: the values its durable steps (nbqueue.step) recorded.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -17,9 +19,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
-from .errors import InvalidArgument, NbqueueError
+from . import payload as payload_json
+from .errors import InvalidArgument, LeaseLost, NbqueueError
 from .jobs import Job
+from .payload import error_text
 
 THROTTLE = 0.5  # seconds between progress writes: a tight loop must not hammer the database
 
@@ -35,6 +40,63 @@ StillClaimed = Callable[[], bool]
 """Re-reads whether the job's claim is still live."""
 
 
+#: Records a step: (name, value as JSON text or None, error text or None, started µs) -> the value
+#: stored for that name (the first recorded wins), or None when the job's claim is gone.
+Record = Callable[[str, str | None, str | None, int], str | None]
+
+
+class StepBook:
+    """One run of one job's steps: the values recorded before (read once, when the first step
+    asks) and the way to record new ones. Threads and coroutines of the job share it."""
+
+    def __init__(self, job_id: int, load: Callable[[], dict[str, str]], record: Record) -> None:
+        self.job_id = job_id
+        self._load, self._record = load, record
+        self._values: dict[str, str] | None = None
+        self._lock = threading.Lock()
+
+    def recorded(self) -> dict[str, str]:
+        """Every value recorded so far: name -> JSON text (read once)."""
+        with self._lock:
+            if self._values is None:
+                self._values = dict(self._load())
+            return dict(self._values)
+
+    def lookup(self, name: str) -> str | None:
+        """The JSON text recorded for `name`, or None if that step has not returned yet."""
+        with self._lock:
+            if self._values is None:
+                self._values = dict(self._load())
+            return self._values.get(name)
+
+    def write(self, name: str, text: str | None, error: str | None, started_us: int) -> str | None:
+        """Record a value (JSON text) or an error; the value stored for the name, or None when
+        the claim is gone (or after an error)."""
+        stored = self._record(name, text, error, started_us)
+        if stored is not None:
+            with self._lock:
+                if self._values is not None:
+                    self._values[name] = stored
+        return stored
+
+    def keep(self, name: str, value: Any, started_us: int) -> Any:
+        """Record a step's value under the lease; returns the value stored (a parallel twin's
+        if it was first), as JSON gives it back, like every later run gets it."""
+        stored = self.write(name, payload_json.dumps(value, f"the value of step {name!r}"), None, started_us)
+        if stored is None:
+            raise LeaseLost(
+                f"cannot record step {name!r} of job {self.job_id}: its claim is gone (timed out, "
+                "cancelled, or taken by another worker); the step's value is not kept"
+            )
+        return json.loads(stored)
+
+    def failed(self, name: str, error: BaseException, started_us: int) -> None:
+        """Record that a step raised (shown by q.steps; the next run calls it again)."""
+        if isinstance(error, Cancelled | LeaseLost):
+            return
+        self.write(name, None, payload_json.text(error_text(error)), started_us)
+
+
 @dataclass
 class JobContext:
     """What `progress()` and `cancelled()` know about the job running here."""
@@ -44,6 +106,7 @@ class JobContext:
     still_claimed: StillClaimed | None = None  # None: the cancel flag is all there is to know
     cancel: threading.Event = field(default_factory=threading.Event)
     made: dict[str, int] = field(default_factory=dict)  # calls it queued (workflows.origin_of)
+    steps: StepBook | None = None  # its durable steps (nbqueue.step); None: steps are plain calls
     last_write: float = float("-inf")
     last_check: float = float("-inf")
 

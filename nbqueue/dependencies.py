@@ -47,11 +47,11 @@ def when(value: object) -> When:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What a parent that did not complete gives a child that waited for all_done."""
+    """What a parent that did not complete gives a child that waited for all_done: ok=False and
+    the parent's error text (a completed parent gives its plain result instead)."""
 
     ok: bool
     error: str | None = None
-    value: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,5 +201,4 @@ def _result(parents: Mapping[int, tuple[State, Any, str | None]], job_id: int) -
     state, result, error = parents.get(job_id, (State.DEAD, None, f"job {job_id} is gone"))
     if state is State.COMPLETED:
         return result
-    last = (error or f"job {job_id} is {state.value}").strip().splitlines()
-    return Outcome(ok=False, error=last[-1] if last else None)
+    return Outcome(ok=False, error=error or f"job {job_id} ended {state.value}")

@@ -7,13 +7,14 @@ pandas is imported only when a frame is asked for, so a plain worker stays light
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .clock import from_us
 from .errors import MissingDependency
 from .jobs import COLUMNS as STORED
-from .jobs import State
+from .jobs import Job, State
 from .limits import format_rate
 
 if TYPE_CHECKING:
@@ -118,3 +119,54 @@ def limits_frame(rows: Sequence[Sequence[Any]], waiting: dict[str, int], now_us:
     )
     result: pd.DataFrame = frame
     return result
+
+
+def graph_frame(graph: Sequence[tuple[Job, list[int]]]) -> pd.DataFrame:
+    """One row per job of a graph: id, task, status, parents (a list of ids), when, root_cause,
+    workflow, attempts, created_at, finished_at, error (its last line)."""
+    pandas = _pandas()
+    jobs = [job for job, _ in graph]
+    frame = pandas.DataFrame(
+        {
+            "id": pandas.array([j.id for j in jobs], dtype="int64"),
+            "task": pandas.array([j.task for j in jobs], dtype="string"),
+            "status": pandas.Categorical([j.status.value for j in jobs], categories=[s.value for s in State]),
+            "parents": [list(parents) for _, parents in graph],
+            "when": pandas.array([j.when for j in jobs], dtype="string"),
+            "root_cause": pandas.array([j.root_cause for j in jobs], dtype="Int64"),
+            "workflow": pandas.array([j.workflow for j in jobs], dtype="Int64"),
+            "attempts": pandas.array([j.attempts for j in jobs], dtype="int64"),
+            "created_at": pandas.to_datetime([j.created_at for j in jobs], utc=True),
+            "finished_at": pandas.to_datetime([j.finished_at for j in jobs], utc=True),
+            "error": pandas.array([last_line(j.error) for j in jobs], dtype="string"),
+        }
+    )
+    result: pd.DataFrame = frame.set_index("id", drop=False).rename_axis(None)
+    return result
+
+
+def steps_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
+    """One row per recorded step (name, value, error, attempt, started_at, finished_at as stored):
+    step, status, attempt, started, finished, value (decoded JSON), error."""
+    pandas = _pandas()
+    frame = pandas.DataFrame(
+        {
+            "step": pandas.array([r[0] for r in rows], dtype="string"),
+            "status": pandas.Categorical(
+                ["completed" if r[2] is None else "failed" for r in rows], categories=["completed", "failed"]
+            ),
+            "attempt": pandas.array([r[3] for r in rows], dtype="int64"),
+            "started": pandas.to_datetime([_time(r[4]) for r in rows], utc=True),
+            "finished": pandas.to_datetime([_time(r[5]) for r in rows], utc=True),
+            "value": [None if r[1] is None else json.loads(r[1]) for r in rows],
+            "error": pandas.array([r[2] for r in rows], dtype="string"),
+        }
+    )
+    result: pd.DataFrame = frame
+    return result
+
+
+def last_line(text: str | None) -> str | None:
+    """The last line of an error (its exception), or None."""
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else None

@@ -28,7 +28,9 @@ a message that is not nbqueue's JSON fails the job.
 The child starts a session of its own: a timeout, a cancel or stop kills its whole
 process group, so subprocesses the handler started die with it. The child never
 touches the database: `nbqueue.progress()` reports go up the pipe and the parent
-records them.
+records them. Durable steps (`nbqueue.step`) too: the child starts with the values
+recorded before, sends each new one up, and waits until the parent has recorded it
+under the lease (its answer, also JSON, comes down a second pipe) before it goes on.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ import cloudpickle
 
 from . import payload as payload_json
 from .capture import tail
-from .context import JobContext, running
+from .context import JobContext, StepBook, running
 from .jobs import Job
 
 log = logging.getLogger("nbqueue.worker")
@@ -112,26 +114,26 @@ def _start_context() -> Any:
         return _context
 
 
-def run_in_child(
-    job: Job,
-    fn: Callable[..., Any],
-    cancel: threading.Event,
-    timeout: float | None,
-    on_progress: Callable[[float, float | None, str], bool],
-) -> Outcome:
-    """Run `fn(*job.args, **job.kwargs)` in a child process and wait for its outcome."""
+def run_in_child(job: Job, fn: Callable[..., Any], context: JobContext, timeout: float | None) -> Outcome:
+    """Run `fn(*job.args, **job.kwargs)` in a child process and wait for its outcome; `context` is
+    the parent's for the job: its cancel flag, its progress reports and its steps."""
     detached = dataclasses.replace(job, _source=None)  # the child gets the job's fields, not its Queue
+    cancel, steps = context.cancel, context.steps
     try:
-        shipped = cloudpickle.dumps((detached, fn))
+        shipped = cloudpickle.dumps((detached, fn, None if steps is None else steps.recorded()))
     except Exception as exc:  # what cannot be pickled now never can be: no retry
         return Outcome(Ending.RAISED, _unshippable(job, f"{type(exc).__name__}: {exc}"), retry=False)
-    context = _start_context()
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, shipped), name=f"nbqueue-job-{job.id}", daemon=True)
+    starter = _start_context()
+    receive, send = starter.Pipe(duplex=False)
+    answers, answer = starter.Pipe(duplex=False)  # the parent's replies to the child's steps
+    child = starter.Process(
+        target=_child, args=(send, answers, shipped), name=f"nbqueue-job-{job.id}", daemon=True
+    )
     outcome: Outcome | None = None
     try:
         child.start()
         send.close()
+        answers.close()
         deadline = None if timeout is None else time.monotonic() + timeout  # from the child's start
         while True:
             wait = POLL if deadline is None else max(0.0, min(POLL, deadline - time.monotonic()))
@@ -144,8 +146,14 @@ def run_in_child(
                 except (OSError, _BadMessage) as exc:
                     return Outcome(Ending.RAISED, f"the job's process broke nbqueue's protocol: {exc}")
                 if kind == "progress":  # recorded here; False means the claim is gone
-                    if not on_progress(body["done"], body["total"], body["message"]):
+                    if not context.report(body["done"], body["total"], body["message"]):
                         cancel.set()
+                    continue
+                if kind == "step":  # recorded here, under the lease, before the child goes on
+                    stored = None
+                    if steps is not None:
+                        stored = steps.write(body["name"], body["value"], body["error"], int(body["started"]))
+                    answer.send_bytes(json.dumps({"value": stored}).encode())
                     continue
                 outcome = _ended(job, kind, body)
                 return outcome
@@ -160,7 +168,9 @@ def run_in_child(
                 return Outcome(Ending.TIMED_OUT, f"timed out after {timeout:g} s; its process was killed")
     finally:
         send.close()  # (already closed once the child started; a second close does nothing)
+        answers.close()
         receive.close()
+        answer.close()
         if outcome is not None:  # it answered: it exits at once
             child.join(EXIT_GRACE)
         if child.pid is not None and child.exitcode is None:
@@ -213,6 +223,7 @@ def _decode(data: bytes) -> tuple[str, dict[str, Any]]:
     kind = message.get("kind") if isinstance(message, dict) else None
     fields = {
         "progress": {"done": _number, "total": _number_or_none, "message": _text},
+        "step": {"name": _text, "value": _json_or_none, "error": _text_or_none, "started": _number},
         "returned": {"result": _result, "output": _text_or_none},
         "raised": {"error": _text, "output": _text_or_none},
         "unloadable": {"error": _text},
@@ -242,6 +253,14 @@ def _text_or_none(value: Any, name: str) -> str | None:
     return None if value is None else _text(value, name)
 
 
+def _json_or_none(value: Any, name: str) -> str | None:
+    """JSON text, checked (it is stored as a step's value), or None."""
+    if value is None:
+        return None
+    _result(value, name)
+    return str(value)
+
+
 def _result(value: Any, name: str) -> Any:
     try:
         return json.loads(_text(value, name), parse_constant=_reject_constant)
@@ -249,19 +268,23 @@ def _result(value: Any, name: str) -> Any:
         raise _BadMessage(f"the result is not JSON text: {exc}") from exc
 
 
-def _child(send: Any, shipped: bytes) -> None:
+def _child(send: Any, answers: Any, shipped: bytes) -> None:
     """In the child: its own session; run the handler, answering in JSON only; exit at once."""
     with contextlib.suppress(OSError):
         os.setsid()  # a group of its own: killing it takes the handler's subprocesses too
     buffer = io.StringIO()
     sys.stdout = sys.stderr = buffer
 
+    sending, asking = threading.Lock(), threading.Lock()  # the handler's threads share the pipes
+
     def post(kind: str, **body: Any) -> None:
-        send.send_bytes(json.dumps({"kind": kind, **body}, allow_nan=False).encode())
+        message = json.dumps({"kind": kind, **body}, allow_nan=False).encode()
+        with sending:
+            send.send_bytes(message)
 
     try:
         try:
-            job, fn = cloudpickle.loads(shipped)  # from the parent, which this child trusts
+            job, fn, recorded = cloudpickle.loads(shipped)  # from the parent, which this child trusts
         except BaseException as exc:
             post("unloadable", error=f"loading it in the child failed: {type(exc).__name__}: {exc}")
             return
@@ -270,8 +293,15 @@ def _child(send: Any, shipped: bytes) -> None:
             post("progress", done=done, total=total, message=message)
             return True  # a cancelled job's child is killed by the parent
 
+        def record(name: str, value: str | None, error: str | None, started_us: int) -> str | None:
+            with asking:  # one step's question and its answer at a time
+                post("step", name=name, value=value, error=error, started=started_us)
+                stored: str | None = json.loads(answers.recv_bytes())["value"]  # recorded: go on
+            return stored
+
+        steps = None if recorded is None else StepBook(job.id, lambda: recorded, record)
         try:
-            with running(JobContext(job, report)):
+            with running(JobContext(job, report, steps=steps)):
                 value = fn(*job.args, **job.kwargs)
                 if inspect.iscoroutine(value):  # an async handler: its own loop in the child
                     value = asyncio.run(value)

@@ -16,12 +16,14 @@ import time
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from . import dependencies, limits, policy, signing, waiting, workflows
 from . import payload as payload_json
 from . import tasks as registry
 from .clock import Clock, from_us, system_clock, to_us, utc_seconds
+from .context import StepBook
 from .context import current as current_job
 from .errors import (
     DamagedJob,
@@ -29,6 +31,7 @@ from .errors import (
     InvalidTransition,
     JobNotFound,
     LeaseLost,
+    NbqueueError,
 )
 from .jobs import (
     FINISHED,
@@ -46,15 +49,18 @@ from .options import JobArgs, JobOptions, check_id, gate, stored
 from .payload import call_body, check_output, error_text
 from .retry import Backoff
 from .schedule import Cron, Every
-from .storage import ClaimRequest, Filter, NewJob, Row, Storage
+from .storage import ClaimRequest, Filter, NewJob, Row, StepRecord, Storage
 from .tasks import Task
-from .workflows import Plan, Workflow
+from .workflows import Plan, Planned, Workflow
 
 log = logging.getLogger("nbqueue.manager")
 
 RECOVER_BATCH = 500
 LIMITS_RECHECK = 1.0  # seconds a claim trusts its last look for jobs that hold limit keys
 BURY_RETRIES = 20  # damaged rows buried in a row before a claim gives up for now
+GRAPH_LIMIT = 100_000  # jobs a graph shows at most
+
+EVERY_STEP = -(2**62)  # replay from the start: forget every step
 
 
 @dataclass(frozen=True)
@@ -501,6 +507,7 @@ class JobManager:
                 raise InvalidTransition(
                     f"job {job.id} is {job.status.value}; only dead or cancelled jobs can be requeued"
                 )
+            self._check_root_fixed(job)
         moved = self.storage.requeue(list(job_ids), self.stamp())
         left = sorted(set(job_ids) - set(moved))
         if left:
@@ -509,6 +516,99 @@ class JobManager:
                 f"({len(moved)} other job(s) were requeued)"
             )
         return len(moved)
+
+    def _check_root_fixed(self, job: Job) -> None:
+        """An upstream_failed job comes back with its root cause: requeueing it alone while that job
+        is still dead or cancelled would only fail it again."""
+        if job.status is not State.UPSTREAM_FAILED or job.root_cause is None:
+            return
+        row = self.storage.get(job.root_cause)
+        root = None if row is None else listed(row)
+        if root is not None and root.status in (State.DEAD, State.CANCELLED):
+            raise InvalidTransition(
+                f"job {job.id} failed because job {root.id} is {root.status.value}: requeue job {root.id} "
+                "(its descendants come back with it)"
+            )
+
+    # -- graphs and steps --------------------------------------------------------
+
+    def graph(self, of: Workflow | Planned | Job | int) -> list[tuple[Job, list[int]]]:
+        """A workflow's jobs, or every job linked to a job by `after=`, each with its parents' ids."""
+        if isinstance(of, Workflow):
+            if of.id is None:
+                raise NbqueueError(f"workflow {of.name!r} is written when its `with` block ends")
+            ids = self.storage.workflow_jobs(of.id)
+            edges = self.storage.edges(ids) if ids else []
+        else:
+            ids, edges = self._connected(check_id(getattr(of, "id", of)))
+        inside = set(ids)
+        parents: dict[int, list[int]] = {}
+        for parent, child in sorted({(int(p), int(c)) for p, c in edges}):
+            if child in inside:
+                parents.setdefault(child, []).append(parent)
+        jobs = sorted(
+            (listed(row).attach(self) for row in self.storage.get_many(sorted(inside))), key=attrgetter("id")
+        )
+        return [(job, parents.get(job.id, [])) for job in jobs]
+
+    def _connected(self, start: int) -> tuple[list[int], list[Row]]:
+        """The jobs reachable from `start` along edges either way, and the edges among them."""
+        if self.storage.get(start) is None:
+            raise JobNotFound(f"no job with id {start}")
+        seen, frontier, edges = {start}, [start], set()
+        while frontier and len(seen) < GRAPH_LIMIT:
+            found = {(int(p), int(c)) for p, c in self.storage.edges(frontier)}
+            edges |= found
+            reached = {j for edge in found for j in edge} - seen
+            seen |= reached
+            frontier = sorted(reached)
+        return sorted(seen)[:GRAPH_LIMIT], list(edges)
+
+    def relatives(self, job_id: int) -> tuple[list[int], list[int]]:
+        """A job's parents and children (ids)."""
+        edges = self.storage.edges([job_id])
+        return (
+            sorted(int(p) for p, c in edges if int(c) == job_id),
+            sorted(int(c) for p, c in edges if int(p) == job_id),
+        )
+
+    def step_book(self, job: Job) -> StepBook:
+        """The durable steps of this claim of `job`: recorded only while the claim lives."""
+
+        def record(name: str, value: str | None, error: str | None, started_us: int) -> str | None:
+            step = StepRecord(job.id, job.attempts, name, value, error, started_us)
+            return self.storage.record_step(step, self.stamp())
+
+        return StepBook(job.id, lambda: self.storage.step_values(job.id), record)
+
+    def steps(self, job_id: int) -> list[Row]:
+        """A job's recorded steps: name, value, error, attempt, started_at, finished_at."""
+        return self.storage.steps(check_id(job_id))
+
+    def replay(self, job_id: int, from_step: str | None) -> Job:
+        """Forget a job's steps from `from_step` on (None: all) and run it again: a finished job
+        goes back to pending (with its graph, like a requeue); a waiting one just forgets them."""
+        job = self.get(job_id)
+        since = EVERY_STEP
+        if from_step is not None:
+            finished = {str(row[0]): int(row[5]) for row in self.storage.steps(job.id)}
+            if from_step not in finished:
+                known = ", ".join(repr(name) for name in finished) or "none"
+                raise InvalidArgument(f"job {job.id} has no step {from_step!r} (its steps: {known})")
+            since = finished[from_step]
+        if job.status in (State.PENDING, State.FAILED):
+            self.storage.forget_steps(job.id, since)
+            return self.get(job.id)
+        if not job.finished:
+            raise InvalidTransition(
+                f"job {job.id} is {job.status.value}; replay a finished job (wait for it, or cancel it first)"
+            )
+        self._check_root_fixed(job)
+        if not self.storage.replay(job.id, since, self.stamp()):
+            raise InvalidTransition(
+                f"job {job.id} was not replayed: an unfinished job holds its idempotency key"
+            )
+        return self.get(job.id)
 
     def delete(self, job_ids: Sequence[int]) -> int:
         """Delete finished jobs; refuses (and deletes nothing) if one has not finished."""

@@ -23,9 +23,11 @@ from .manager import JobManager, Periodic
 from .options import JobArgs, JobOptions, check_hook, check_name, limit_units, names, queue_names
 from .payload import call_body
 from .retry import Backoff
+from .steps import check_name as check_step_name
 from .storage import ClaimRequest, Filter, open_storage
 from .tasks import Task
 from .worker import Worker, default_worker_id
+from .workflows import Workflow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -330,6 +332,35 @@ class Queue:
     def dead_letters(self, queue: str | None = None, limit: int = 1000) -> pd.DataFrame:
         """Dead jobs as a DataFrame, with their last error, newest first."""
         return self.history(State.DEAD, queue, limit)
+
+    # -- workflows -------------------------------------------------------------
+
+    def workflow(self, name: str) -> Workflow:
+        """`with q.workflow("research") as wf:` the jobs enqueued in the block are collected in
+        memory (no write lock while your code runs) and written in one transaction when it ends;
+        an exception in the block writes none. Then `wf.id` and `wf.jobs`."""
+        return self.manager.workflow(name)
+
+    def graph(self, of: Workflow | Job | int) -> pd.DataFrame:
+        """The jobs of a workflow, or every job connected to a job by `after=`, one row each:
+        id, task, status, parents (a list of ids), root_cause, workflow."""
+        return frames.graph_frame(self.manager.graph(of))
+
+    def steps(self, job: Job | int) -> pd.DataFrame:
+        """A job's durable steps (nbqueue.step), in the order they finished: step, status
+        (completed or failed), attempt, started, finished, value, error."""
+        [one] = waiting.job_ids(job)
+        return frames.steps_frame(self.manager.steps(one))
+
+    def replay(self, job: Job | int, from_step: str | None = None) -> Job:
+        """Run a job again from one of its steps: that step and every step recorded after it are
+        forgotten (None: all of them), so the run calls them afresh and gets the earlier ones'
+        recorded values. A finished job goes back to pending (a completed one too), with the
+        descendants that failed because of it; a job waiting for its run just forgets them."""
+        [one] = waiting.job_ids(job)
+        if from_step is not None:
+            check_step_name(from_step)
+        return self.manager.replay(one, from_step)
 
     # -- limits ----------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from .clock import seconds
 from .errors import InvalidArgument, JobFailed, WaitTimeout
 from .jobs import Job, State
 from .options import check_id
+from .workflows import Planned
 
 
 class Watched(Protocol):
@@ -26,14 +27,14 @@ class Watched(Protocol):
 
 
 def job_ids(value: object) -> list[int]:
-    """One job or id, or an iterable of them, as ids."""
-    if isinstance(value, Job):
+    """One job or id, or an iterable of them, as ids (a workflow's jobs too, once written)."""
+    if isinstance(value, Job | Planned):
         return [value.id]
     if isinstance(value, int):
         return [check_id(value)]
     if isinstance(value, str | bytes | dict) or not isinstance(value, Iterable):
         raise InvalidArgument(f"job ids are integers (or Jobs, or a list of them), not {value!r}")
-    return [v.id if isinstance(v, Job) else check_id(v) for v in value]
+    return [v.id if isinstance(v, Job | Planned) else check_id(v) for v in value]
 
 
 def wait(manager: Watched, ids: list[int], timeout: float | None, progress: bool) -> list[Job]:

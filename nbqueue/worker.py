@@ -362,7 +362,9 @@ class Worker:
         def report(done: float, total: float | None, message: str) -> bool:
             return manager.record_progress(job, done, total, message)
 
-        context = JobContext(job, report, still_claimed=lambda: not manager.lost_claims([job]))
+        context = JobContext(
+            job, report, still_claimed=lambda: not manager.lost_claims([job]), steps=manager.step_book(job)
+        )
         flight = Flight(job, time.monotonic(), context)
         with self._state:
             self._in_flight[job.id] = flight
@@ -375,7 +377,7 @@ class Worker:
             handler = registry.lookup(job.task or "")
             if self.mode == "process":
                 check_arguments(handler.fn, job)
-                outcome = run_in_child(job, handler.fn, context.cancel, job.timeout, report)
+                outcome = run_in_child(job, handler.fn, context, job.timeout)
                 buffer.write(outcome.output or "")
             else:
                 with captured(buffer), running(context):

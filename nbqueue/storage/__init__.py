@@ -44,10 +44,32 @@ class NewJob:
     gate: str = ""  # the job's set of limit keys, as the claim index groups them
     parents: tuple[int, ...] = ()  # after=: the jobs it waits for
     when: str | None = None  # what it waits for (nbqueue.dependencies.When)
-    origin: str | None = (
-        None  # made by a running job: that job and the call (made once however often retried)
-    )
-    workflow: int | None = None
+    # Made by a running job: that job and the call (made once however often it is retried).
+    origin: str | None = None
+    workflow: int | None = None  # the workflow it was made in
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """A durable step's outcome, recorded under the claim (job id and attempt) that ran it."""
+
+    job_id: int
+    attempt: int
+    name: str
+    value: str | None  # JSON text; None when it raised
+    error: str | None
+    started_us: int
+
+    def params(self) -> dict[str, Any]:
+        """The statement parameters both backends' RECORD_STEP take."""
+        return {
+            "id": self.job_id,
+            "attempt": self.attempt,
+            "name": self.name,
+            "value": self.value,
+            "error": self.error,
+            "started": self.started_us,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,22 +135,26 @@ class Storage(Protocol):
         ...
 
     def step_values(self, job_id: int) -> dict[str, str]:
-        """The steps a job recorded: name -> JSON value."""
+        """The steps a job completed: name -> JSON value."""
         ...
 
-    def record_step(
-        self, job_id: int, attempt: int, name: str, value: str, started: int, now: int | None
-    ) -> str | None:
-        """Record a step under the live lease; its stored value (the first one recorded wins), or
-        None if the claim is gone (nothing recorded)."""
+    def record_step(self, step: StepRecord, now: int | None) -> str | None:
+        """Record a step's value (or its error) under the live lease. Its stored value (the first
+        value recorded wins; None after an error), or None if the claim is gone (nothing recorded)."""
         ...
 
     def steps(self, job_id: int) -> list[Row]:
-        """A job's steps: name, value, attempt, started_at, finished_at, in the order they finished."""
+        """A job's steps: name, value, error, attempt, started_at, finished_at, in the order they finished."""
         ...
 
     def forget_steps(self, job_id: int, since: int) -> int:
         """Forget the steps that finished at or after `since`; how many."""
+        ...
+
+    def replay(self, job_id: int, since: int, now: int | None) -> bool:
+        """In one transaction: move a finished job back to pending (a requeue; a completed job too)
+        with its graph, and forget its steps that finished at or after `since`. False (nothing
+        changed) if it is not finished or an unfinished job holds its key."""
         ...
 
     def claim(self, request: ClaimRequest, now: int | None) -> Row | None:

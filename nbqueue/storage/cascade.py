@@ -68,54 +68,68 @@ def apply(
         doomed.append((child, State.UPSTREAM_FAILED, root))
 
 
-def settle(run: Run, job_ids: Sequence[int], now: int | None) -> list[Finished]:
-    """Jobs just moved (a requeue) whose parents decide where they stand: blocked, pending or
-    upstream_failed again. Returns the ones that ended upstream_failed, to resolve."""
-    doomed: list[Finished] = []
-    for job_id in job_ids:
-        rows = run("WAITS_FOR", {"id": job_id})
-        if not rows or rows[0][0] is None:  # no parents: it stays as it was moved
-            continue
-        rule = When(rows[0][0])
-        parents = [(int(p), State(s), r) for p, s, r in run("PARENTS_OF", {"id": job_id})]
-        change = initial(rule, parents)
-        root = change.root or 0
-        error = (
-            doomed_error(root, next((s for p, s, _ in parents if p == root), State.DEAD)) if root else None
-        )
-        run(
-            "SETTLE",
-            {
-                "id": job_id,
-                "status": change.state.value,
-                "left": change.left,
-                "root": change.root,
-                "error": error,
-                "now": now,
-            },
-        )
-        if change.state is State.UPSTREAM_FAILED:
-            doomed.append((job_id, State.UPSTREAM_FAILED, change.root))
-    return doomed
+def settle(run: Run, job_id: int, now: int | None) -> Change | None:
+    """Put a job where its parents, as they are now, say it stands: blocked, pending or
+    upstream_failed (None: it has no parents, and stays as it is)."""
+    rows = run("WAITS_FOR", {"id": job_id})
+    if not rows or rows[0][0] is None:
+        return None
+    parents = [(int(p), State(s), r) for p, s, r in run("PARENTS_OF", {"id": job_id})]
+    change = initial(When(rows[0][0]), parents)
+    root = change.root
+    error = doomed_error(root, next((s for p, s, _ in parents if p == root), State.DEAD)) if root else None
+    params = {"id": job_id, "status": change.state.value, "left": change.left, "root": root}
+    run("SETTLE", {**params, "error": error, "now": now})
+    return change
 
 
 def rearm(run: Run, requeued: Sequence[int], now: int | None) -> None:
-    """Requeued jobs come back with their graph: children they doomed are re-armed (blocked again,
-    in the same transaction), level by level; completed jobs are never touched."""
-    doomed = settle(run, requeued, now)
+    """Requeued jobs come back with their graph, in the same transaction: every descendant that
+    failed because of one of them is blocked again, and every job that waits on them is counted
+    afresh. Completed jobs are never touched.
+
+    The jobs moved and their blocked children are settled in topological order, each from its
+    parents' states as they are by then, so a diamond or a longer path counts every parent once.
+    """
+    moved = set(requeued)
     for root in requeued:
-        run("BUMP_CHILDREN", {"ids": [root]})  # it counted as finished for its blocked children
         level = [root]
         while level:
-            rows = run("DOOMED_BY", {"ids": level, "root": root})
-            level = [int(r[0]) for r in rows]
+            found = {int(r[0]) for r in run("DOOMED_BY", {"ids": level, "root": root})}
+            level = sorted(found - moved)
             for child in level:
                 run("REARM", {"id": child, "now": now})
-            doomed += settle(run, level, now)
-            if level:
-                run("BUMP_CHILDREN", {"ids": level})
+            moved.update(level)
+    waiting = {int(r[1]) for r in run("CHILDREN_BLOCKED", {"ids": sorted(moved)})} - moved
+    touched = moved | waiting
+    edges = [(int(p), int(c)) for p, c in run("EDGES_OF", {"ids": sorted(touched)})]
+    doomed: list[Finished] = []
+    for job_id in topological(touched, edges):
+        change = settle(run, job_id, now)
+        if job_id in waiting and change is not None and change.state is State.UPSTREAM_FAILED:
+            doomed.append((job_id, State.UPSTREAM_FAILED, change.root))  # its children lie outside
     if doomed:
         resolve(run, doomed, now)
+
+
+def topological(jobs: set[int], edges: Sequence[tuple[int, int]]) -> list[int]:
+    """`jobs` ordered so that each comes after its parents among them (edges: parent, child)."""
+    inside = [(p, c) for p, c in edges if p in jobs and c in jobs and p != c]
+    parents_left = dict.fromkeys(jobs, 0)
+    children: dict[int, list[int]] = {}
+    for p, c in set(inside):
+        parents_left[c] += 1
+        children.setdefault(p, []).append(c)
+    ready = sorted(j for j, n in parents_left.items() if n == 0)
+    order: list[int] = []
+    while ready:
+        job = ready.pop()
+        order.append(job)
+        for child in children.get(job, ()):
+            parents_left[child] -= 1
+            if parents_left[child] == 0:
+                ready.append(child)
+    return order
 
 
 def link(run: Run, new: NewJob, now: int | None, extra: dict[str, Any] | None = None) -> tuple[int, bool]:

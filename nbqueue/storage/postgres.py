@@ -33,7 +33,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Decide, Filter, NewJob, Row, cascade
+from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, cascade
 from . import postgres_queries as sql
 
 try:
@@ -341,19 +341,10 @@ class PostgresStorage:
     def step_values(self, job_id: int) -> dict[str, str]:
         return {str(name): str(value) for name, value in self._rows(sql.STEP_VALUES, {"id": job_id})}
 
-    def record_step(
-        self, job_id: int, attempt: int, name: str, value: str, started: int, now: int | None
-    ) -> str | None:
-        params = {
-            "id": job_id,
-            "attempt": attempt,
-            "name": name,
-            "value": value,
-            "started": started,
-            "now": now,
-        }
+    def record_step(self, step: StepRecord, now: int | None) -> str | None:
+        params = {**step.params(), "now": now}
         if self._one(sql.RECORD_STEP, params, lost=sql.STEP_OF) is not None:
-            return value
+            return step.value
         held = self._one(sql.STEP_OF, params)  # recorded before (a parallel twin), if the claim lives
         return str(held[0]) if held and self._one(sql.STILL_CLAIMED, params) else None
 
@@ -362,6 +353,22 @@ class PostgresStorage:
 
     def forget_steps(self, job_id: int, since: int) -> int:
         return len(self._rows(sql.FORGET_STEPS, {"id": job_id, "since": since}))
+
+    def replay(self, job_id: int, since: int, now: int | None) -> bool:
+        params: Params = {"ids": [job_id], "now": now, "channel": self.channel, "wake": True}
+
+        def work(cur: psycopg.Cursor[Any]) -> bool:
+            cur.execute(sql.REPLAY, params)  # type: ignore[arg-type]
+            if not cur.fetchall():
+                return False  # (also when a lost reply's retry finds it moved already)
+            cur.execute(sql.FORGET_STEPS, {"id": job_id, "since": since})
+            cascade.rearm(_runner(cur), [job_id], now)
+            return True
+
+        moved = self._run(work, transaction=True)
+        if moved:
+            self.notify()
+        return moved
 
     def limited_waiting(self, where: Filter) -> bool:
         if where.matches_nothing:

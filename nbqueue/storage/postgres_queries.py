@@ -18,6 +18,7 @@ from .rules import (
     CLAIMABLE_SQL,
     FINISHED_SQL,
     HEADS,
+    REPLAYABLE_SQL,
     REQUEUEABLE_SQL,
     UNFINISHED_SQL,
     key_is_free,
@@ -143,7 +144,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE {s}.nbqueue_edges "
         "(parent BIGINT NOT NULL, child BIGINT NOT NULL, PRIMARY KEY (parent, child))",
         "CREATE INDEX nbqueue_edges_child ON {s}.nbqueue_edges (child, parent)",
-        "CREATE TABLE {s}.nbqueue_steps (job_id BIGINT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL, "
+        "CREATE TABLE {s}.nbqueue_steps (job_id BIGINT NOT NULL, name TEXT NOT NULL, value TEXT, error TEXT, "
         "attempt INTEGER NOT NULL, started_at BIGINT NOT NULL, finished_at BIGINT NOT NULL, "
         "PRIMARY KEY (job_id, name))",
         "CREATE TABLE {s}.nbqueue_workflows "
@@ -254,25 +255,25 @@ REARM = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, finished_at = NULL, "
     "updated_at = c.now FROM c WHERE id = %(id)s AND status = 'upstream_failed'"
 )
-BUMP_CHILDREN = (
-    "UPDATE nbqueue_jobs SET parents_left = parents_left + 1 WHERE status = 'blocked' "
-    f"AND id IN (SELECT child FROM nbqueue_edges WHERE parent = {IDS})"
-)
 EDGES_OF = (
     f"SELECT parent, child FROM nbqueue_edges WHERE child = {IDS} OR parent = {IDS} ORDER BY child, parent"
 )
 IN_WORKFLOW = "SELECT id FROM nbqueue_jobs WHERE workflow = %(workflow)s ORDER BY id"
-STEP_VALUES = "SELECT name, value FROM nbqueue_steps WHERE job_id = %(id)s"
-# A step is recorded only under the caller's live lease: a stale worker records nothing.
+STEP_VALUES = "SELECT name, value FROM nbqueue_steps WHERE job_id = %(id)s AND error IS NULL"
+# A step is recorded only under the caller's live lease: a stale worker records nothing. A value
+# recorded first stays (a parallel twin gets it); a failure is replaced by the next run's outcome.
 RECORD_STEP = (
-    f"WITH {CLOCK} INSERT INTO nbqueue_steps (job_id, name, value, attempt, started_at, finished_at) "
-    "SELECT %(id)s, %(name)s, %(value)s, %(attempt)s, %(started)s, c.now FROM nbqueue_jobs, c "
-    f"WHERE {LIVE_CLAIM} AND lease_until > c.now ON CONFLICT (job_id, name) DO NOTHING RETURNING 1"
+    f"WITH {CLOCK} INSERT INTO nbqueue_steps (job_id, name, value, error, attempt, started_at, finished_at) "
+    "SELECT %(id)s, %(name)s, %(value)s, %(error)s, %(attempt)s, %(started)s, c.now FROM nbqueue_jobs, c "
+    f"WHERE {LIVE_CLAIM} AND lease_until > c.now ON CONFLICT (job_id, name) DO UPDATE SET "
+    "value = excluded.value, error = excluded.error, attempt = excluded.attempt, "
+    "started_at = excluded.started_at, finished_at = excluded.finished_at "
+    "WHERE nbqueue_steps.error IS NOT NULL RETURNING 1"
 )
 STILL_CLAIMED = f"SELECT 1 FROM nbqueue_jobs WHERE {LIVE_CLAIM}"
-STEP_OF = "SELECT value FROM nbqueue_steps WHERE job_id = %(id)s AND name = %(name)s"
+STEP_OF = "SELECT value FROM nbqueue_steps WHERE job_id = %(id)s AND name = %(name)s AND error IS NULL"
 STEPS = (
-    "SELECT name, value, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = %(id)s "
+    "SELECT name, value, error, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = %(id)s "
     "ORDER BY finished_at, name"
 )
 FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = %(id)s AND finished_at >= %(since)s RETURNING 1"
@@ -490,6 +491,10 @@ _REQUEUE_SET = (
     "run_at = c.now, lease_until = NULL, worker_id = NULL, finished_at = NULL FROM c"
 )
 _REQUEUED = f"RETURNING nbqueue_jobs.id) SELECT id, {_WAKE} FROM moved"
+REPLAY = (
+    f"{_REQUEUE_SET} WHERE id = ANY(%(ids)s::bigint[]) AND {REPLAYABLE_SQL} "
+    f"AND {key_is_free('twin.id = ANY(%(ids)s::bigint[])')} {_REQUEUED}"
+)
 REQUEUE_IDS = (
     f"{_REQUEUE_SET} WHERE id = ANY(%(ids)s::bigint[]) AND {REQUEUEABLE_SQL} "
     f"AND {key_is_free('twin.id = ANY(%(ids)s::bigint[])')} {_REQUEUED}"

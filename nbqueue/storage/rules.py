@@ -29,6 +29,8 @@ FINISHED_SQL = status_in(FINISHED)
 CANCELLABLE_SQL = status_in(sources(State.CANCELLED, "cancel"))
 #: `requeue` moves jobs from these states.
 REQUEUEABLE_SQL = status_in(sources(State.PENDING, "requeue"))
+#: `replay` moves jobs from these states (a completed one too: its steps run again).
+REPLAYABLE_SQL = status_in((*sources(State.PENDING, "requeue"), *sources(State.PENDING, "replay")))
 #: Every state, for the CHECK constraint.
 ANY_STATE_SQL = status_in(State)
 

@@ -31,7 +31,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Decide, Filter, NewJob, Row, cascade
+from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, cascade
 from . import sqlite_queries as sql
 
 BUSY_TIMEOUT_MS = 10_000
@@ -304,17 +304,15 @@ class SQLiteStorage:
     def step_values(self, job_id: int) -> dict[str, str]:
         return {str(name): str(value) for name, value in self._read(sql.STEP_VALUES, {"id": job_id})}
 
-    def record_step(
-        self, job_id: int, attempt: int, name: str, value: str, started: int, now: int | None
-    ) -> str | None:
-        params = {"id": job_id, "attempt": attempt, "name": name, "value": value, "started": started}
+    def record_step(self, step: StepRecord, now: int | None) -> str | None:
+        params = step.params()
 
         def work(conn: sqlite3.Connection) -> str | None:
             if conn.execute(sql.RECORD_STEP, {**params, "now": _stamp(now)}).rowcount != 1:
                 held = conn.execute(sql.STEP_OF, params).fetchone()  # recorded before (a parallel twin)?
                 live = conn.execute(sql.STILL_CLAIMED, params).fetchone()
                 return str(held[0]) if held and live else None
-            return value
+            return step.value
 
         return self._write(work)
 
@@ -323,6 +321,21 @@ class SQLiteStorage:
 
     def forget_steps(self, job_id: int, since: int) -> int:
         return self._change(sql.FORGET_STEPS, {"id": job_id, "since": since})
+
+    def replay(self, job_id: int, since: int, now: int | None) -> bool:
+        now = _stamp(now)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            if not conn.execute(sql.REPLAY, {"ids": _ids([job_id]), "now": now}).fetchall():
+                return False
+            conn.execute(sql.FORGET_STEPS, {"id": job_id, "since": since})
+            cascade.rearm(_runner(conn), [job_id], now)
+            return True
+
+        moved = self._write(work)
+        if moved:
+            self.notify()
+        return moved
 
     def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
         now = _stamp(now)

@@ -16,6 +16,7 @@ from .rules import (
     CLAIMABLE_SQL,
     FINISHED_SQL,
     HEADS,
+    REPLAYABLE_SQL,
     REQUEUEABLE_SQL,
     UNFINISHED_SQL,
     key_is_free,
@@ -169,7 +170,7 @@ MIGRATIONS: dict[int, str] = {
     ) WITHOUT ROWID;
     CREATE INDEX nbqueue_edges_child ON nbqueue_edges (child, parent);
     CREATE TABLE nbqueue_steps (
-        job_id INTEGER NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL, attempt INTEGER NOT NULL,
+        job_id INTEGER NOT NULL, name TEXT NOT NULL, value TEXT, error TEXT, attempt INTEGER NOT NULL,
         started_at INTEGER NOT NULL, finished_at INTEGER NOT NULL, PRIMARY KEY (job_id, name)
     ) WITHOUT ROWID;
     CREATE TABLE nbqueue_workflows (
@@ -364,25 +365,25 @@ REARM = (
     "UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, finished_at = NULL, updated_at = :now "
     "WHERE id = :id AND status = 'upstream_failed'"
 )
-BUMP_CHILDREN = (
-    "UPDATE nbqueue_jobs SET parents_left = parents_left + 1 WHERE status = 'blocked' "
-    f"AND id IN (SELECT child FROM nbqueue_edges WHERE parent IN {IDS})"
-)
 EDGES_OF = (
     f"SELECT parent, child FROM nbqueue_edges WHERE child IN {IDS} OR parent IN {IDS} ORDER BY child, parent"
 )
 IN_WORKFLOW = "SELECT id FROM nbqueue_jobs WHERE workflow = :workflow ORDER BY id"
-STEP_VALUES = "SELECT name, value FROM nbqueue_steps WHERE job_id = :id"
-# A step is recorded only under the caller's live lease: a stale worker records nothing.
+STEP_VALUES = "SELECT name, value FROM nbqueue_steps WHERE job_id = :id AND error IS NULL"
+# A step is recorded only under the caller's live lease: a stale worker records nothing. A value
+# recorded first stays (a parallel twin gets it); a failure is replaced by the next run's outcome.
 RECORD_STEP = (
-    "INSERT INTO nbqueue_steps (job_id, name, value, attempt, started_at, finished_at) "
-    "SELECT :id, :name, :value, :attempt, :started, :now FROM nbqueue_jobs "
-    f"WHERE {LIVE_CLAIM} AND lease_until > :now ON CONFLICT (job_id, name) DO NOTHING"
+    "INSERT INTO nbqueue_steps (job_id, name, value, error, attempt, started_at, finished_at) "
+    "SELECT :id, :name, :value, :error, :attempt, :started, :now FROM nbqueue_jobs "
+    f"WHERE {LIVE_CLAIM} AND lease_until > :now ON CONFLICT (job_id, name) DO UPDATE SET "
+    "value = excluded.value, error = excluded.error, attempt = excluded.attempt, "
+    "started_at = excluded.started_at, finished_at = excluded.finished_at "
+    "WHERE nbqueue_steps.error IS NOT NULL"
 )
 STILL_CLAIMED = f"SELECT 1 FROM nbqueue_jobs WHERE {LIVE_CLAIM}"
-STEP_OF = "SELECT value FROM nbqueue_steps WHERE job_id = :id AND name = :name"
+STEP_OF = "SELECT value FROM nbqueue_steps WHERE job_id = :id AND name = :name AND error IS NULL"
 STEPS = (
-    "SELECT name, value, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = :id "
+    "SELECT name, value, error, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = :id "
     "ORDER BY finished_at, name"
 )
 FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = :id AND finished_at >= :since"
@@ -439,6 +440,10 @@ _REQUEUE_SET = (
 )
 REQUEUE_IDS = (
     f"{_REQUEUE_SET} WHERE id IN {IDS} AND {REQUEUEABLE_SQL} AND {key_is_free(f'twin.id IN {IDS}')} "
+    "RETURNING id"
+)
+REPLAY = (
+    f"{_REQUEUE_SET} WHERE id IN {IDS} AND {REPLAYABLE_SQL} AND {key_is_free(f'twin.id IN {IDS}')} "
     "RETURNING id"
 )
 _EVERY_DEAD = "twin.status = 'dead'"

@@ -387,7 +387,9 @@ def test_history_dtypes(queue: Queue) -> None:
     make(queue, "completed", task=parse)
     make(queue, "dead", task=parse)
     frame = queue.history()
-    assert len(frame) == sum(queue.counts().values()) == len(STATES) + 2 + 2  # blocked, upstream_failed: a parent each
+    assert (
+        len(frame) == sum(queue.counts().values()) == len(STATES) + 2 + 2
+    )  # blocked, upstream_failed: a parent each
     assert frame["id"].dtype == "int64"
     assert list(frame["id"]) == sorted(frame["id"], reverse=True)  # newest first
     assert isinstance(frame["status"].dtype, pd.CategoricalDtype)

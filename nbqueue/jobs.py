@@ -57,6 +57,7 @@ TRANSITIONS: dict[tuple[State, State], str] = {
     (State.UPSTREAM_FAILED, State.BLOCKED): "requeue",  # re-armed: its root cause was requeued
     (State.UPSTREAM_FAILED, State.PENDING): "requeue",
     (State.CANCELLED, State.BLOCKED): "requeue",  # requeued while its parents are unfinished
+    (State.PENDING, State.BLOCKED): "rearm",  # not started, and a parent it counted came back
 }
 
 #: States a job can be claimed from.

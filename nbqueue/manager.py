@@ -611,11 +611,20 @@ class JobManager:
         return self.get(job.id)
 
     def delete(self, job_ids: Sequence[int]) -> int:
-        """Delete finished jobs; refuses (and deletes nothing) if one has not finished."""
+        """Delete finished jobs; refuses (and deletes nothing) if one has not finished, or if a
+        job that waits for it has not."""
         for job in self.get_many(job_ids):
             if not job.finished:
                 raise InvalidTransition(
                     f"job {job.id} is {job.status.value}; only finished jobs can be deleted (cancel it first)"
+                )
+        wanted = set(job_ids)
+        children = sorted({int(c) for p, c in self.storage.edges(list(job_ids)) if int(p) in wanted})
+        for child in self.get_many(children):
+            if not child.finished:
+                parent = next(int(p) for p, c in self.storage.edges([child.id]) if int(p) in wanted)
+                raise InvalidTransition(
+                    f"job {parent} cannot be deleted: job {child.id} ({child.status.value}) waits for it"
                 )
         return self.storage.delete(list(job_ids))
 

@@ -29,6 +29,7 @@ LEGAL = {
     (S.UPSTREAM_FAILED, S.BLOCKED): "requeue",
     (S.UPSTREAM_FAILED, S.PENDING): "requeue",
     (S.CANCELLED, S.BLOCKED): "requeue",
+    (S.PENDING, S.BLOCKED): "rearm",
 }
 ALL_PAIRS = list(itertools.product(State, State))
 ILLEGAL = [pair for pair in ALL_PAIRS if pair not in LEGAL]

@@ -85,8 +85,9 @@ def settle(run: Run, job_id: int, now: int | None) -> Change | None:
 
 def rearm(run: Run, requeued: Sequence[int], now: int | None) -> None:
     """Requeued jobs come back with their graph, in the same transaction: every descendant that
-    failed because of one of them is blocked again, and every job that waits on them is counted
-    afresh. Completed jobs are never touched.
+    failed because of one of them is blocked again, and every child that waits on them, or was
+    let go by them and has not started, is counted afresh (a pending all_done child waits again
+    for a parent that will run again). Completed and running jobs are never touched.
 
     The jobs moved and their blocked children are settled in topological order, each from its
     parents' states as they are by then, so a diamond or a longer path counts every parent once.
@@ -100,7 +101,7 @@ def rearm(run: Run, requeued: Sequence[int], now: int | None) -> None:
             for child in level:
                 run("REARM", {"id": child, "now": now})
             moved.update(level)
-    waiting = {int(r[1]) for r in run("CHILDREN_BLOCKED", {"ids": sorted(moved)})} - moved
+    waiting = {int(r[0]) for r in run("CHILDREN_WAITING", {"ids": sorted(moved)})} - moved
     touched = moved | waiting
     edges = [(int(p), int(c)) for p, c in run("EDGES_OF", {"ids": sorted(touched)})]
     doomed: list[Finished] = []

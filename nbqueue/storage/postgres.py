@@ -86,11 +86,12 @@ def _filter_params(where: Filter) -> Params:
     }
 
 
-def _runner(cur: psycopg.Cursor[Any]) -> cascade.Run:
-    """cascade's `run(name, params)` on this transaction's cursor."""
+def _runner(cur: psycopg.Cursor[Any], channel: str) -> cascade.Run:
+    """cascade's `run(name, params)` on this transaction's cursor; a job it makes due wakes the
+    workers listening on `channel` when the transaction commits."""
 
     def run(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        cur.execute(getattr(sql, name), params)
+        cur.execute(getattr(sql, name), {**params, "channel": channel, "wake": True})
         return cur.fetchall() if cur.description else []
 
     return run
@@ -315,7 +316,7 @@ class PostgresStorage:
         token = _token()
 
         def work(cur: psycopg.Cursor[Any]) -> list[tuple[int, bool]]:
-            run = _runner(cur)
+            run = _runner(cur, self.channel)
             wf = None if workflow is None else int(run("NEW_WORKFLOW", {"name": workflow, "now": now})[0][0])
             made: list[tuple[int, bool]] = []
             for i in range(count):
@@ -362,7 +363,7 @@ class PostgresStorage:
             if not cur.fetchall():
                 return False  # (also when a lost reply's retry finds it moved already)
             cur.execute(sql.FORGET_STEPS, {"id": job_id, "since": since})
-            cascade.rearm(_runner(cur), [job_id], now)
+            cascade.rearm(_runner(cur, self.channel), [job_id], now)
             return True
 
         moved = self._run(work, transaction=True)
@@ -521,7 +522,9 @@ class PostgresStorage:
             if row is None:
                 return False
             if row[-1] and state is not State.FAILED:
-                cascade.resolve(_runner(cur), [(int(params["id"]), state, None)], params.get("now"))
+                cascade.resolve(
+                    _runner(cur, self.channel), [(int(params["id"]), state, None)], params.get("now")
+                )
             return True
 
         def committed() -> bool | None:
@@ -577,7 +580,7 @@ class PostgresStorage:
             cur.execute(sql.BURY, params)
             row = cur.fetchone()
             if row is not None and row[0]:
-                cascade.resolve(_runner(cur), [(job_id, State.DEAD, None)], now)
+                cascade.resolve(_runner(cur, self.channel), [(job_id, State.DEAD, None)], now)
             return row is not None
 
         return self._run(work, transaction=True)
@@ -590,7 +593,7 @@ class PostgresStorage:
             rows = cur.fetchall()
             linked = [(int(i), State.CANCELLED, None) for i, children in rows if children]
             if linked:  # their waiting descendants are doomed in the same transaction
-                cascade.resolve(_runner(cur), linked, now)
+                cascade.resolve(_runner(cur, self.channel), linked, now)
             return sorted(int(r[0]) for r in rows)
 
         def committed() -> list[int] | None:
@@ -608,7 +611,7 @@ class PostgresStorage:
             cur.execute(statement, params)  # type: ignore[arg-type]
             moved = sorted(int(r[0]) for r in cur.fetchall())
             if moved:  # the graph comes back with them, in the same transaction
-                cascade.rearm(_runner(cur), moved, now)
+                cascade.rearm(_runner(cur, self.channel), moved, now)
             return moved
 
         def committed() -> list[int] | None:

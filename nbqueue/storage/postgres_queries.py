@@ -29,6 +29,8 @@ SCHEMA_VERSION = 6
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
+# Wakes the queue's listening workers when the transaction commits (once, however often).
+_WAKE = "(SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '') WHERE %(wake)s) n)"
 
 #: Each version's statements, run in order under an advisory lock. History: never edited.
 #: `{s}` is the schema (quoted), filled in once per migration, never in a queue verb.
@@ -222,14 +224,25 @@ INSERT_LINKED = (
 INSERT_EDGE = (
     "INSERT INTO nbqueue_edges (parent, child) VALUES (%(parent)s, %(child)s) ON CONFLICT DO NOTHING"
 )
+# The children are locked (in id order) before their counts are read: two parents finishing at
+# once queue up on the child, and the second reads the count the first left (read committed
+# re-reads a locked row), so no count-down is lost.
 CHILDREN_BLOCKED = (
     "SELECT e.parent, c.id, c.wait_when, c.parents_left FROM nbqueue_edges e JOIN nbqueue_jobs c "
-    f"ON c.id = e.child WHERE e.parent = {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent"
+    f"ON c.id = e.child WHERE e.parent = {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent "
+    "FOR UPDATE OF c"
+)
+# Children that wait for their parents, or were let go by them and have not started: a parent
+# that comes back (requeue, replay) makes them count afresh. Locked like CHILDREN_BLOCKED.
+CHILDREN_WAITING = (
+    f"SELECT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child WHERE e.parent = {IDS} "
+    "AND c.status IN ('blocked', 'pending') ORDER BY c.id FOR UPDATE OF c"
 )
 SET_LEFT = "UPDATE nbqueue_jobs SET parents_left = %(left)s WHERE id = %(id)s AND status = 'blocked'"
 UNBLOCK = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', parents_left = %(left)s, "
-    "run_at = greatest(run_at, c.now), updated_at = c.now FROM c WHERE id = %(id)s AND status = 'blocked'"
+    "run_at = greatest(run_at, c.now), updated_at = c.now FROM c WHERE id = %(id)s AND status = 'blocked' "
+    f"RETURNING {_WAKE}"
 )
 DOOM = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'upstream_failed', parents_left = %(left)s, "
@@ -237,15 +250,17 @@ DOOM = (
     "WHERE id = %(id)s AND status = 'blocked' RETURNING has_children"
 )
 WAITS_FOR = "SELECT wait_when FROM nbqueue_jobs WHERE id = %(id)s"
+# A re-armed job's parents are held (shared) while it is settled: a parent finishing meanwhile
+# either commits first (and is read finished) or waits, then sees the job blocked and counts down.
 PARENTS_OF = (
     "SELECT p.id, p.status, p.root_cause FROM nbqueue_edges e JOIN nbqueue_jobs p ON p.id = e.parent "
-    "WHERE e.child = %(id)s"
+    "WHERE e.child = %(id)s ORDER BY p.id FOR SHARE OF p"
 )
 SETTLE = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = %(status)s, parents_left = %(left)s, "
     "root_cause = %(root)s, error = coalesce(%(error)s, error), "
     "finished_at = CASE WHEN %(status)s = 'upstream_failed' THEN c.now END, updated_at = c.now FROM c "
-    "WHERE id = %(id)s"
+    f"WHERE id = %(id)s RETURNING {_WAKE}"
 )
 DOOMED_BY = (
     "SELECT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
@@ -441,7 +456,6 @@ HEARTBEAT = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET lease_until = c.now + coalesce(%(lease)s, lease_us), "
     f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} AND lease_until > c.now RETURNING lease_until"
 )
-_WAKE = "(SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '') WHERE %(wake)s) n)"
 
 
 def _fail(lease_test: str, guard: str = "") -> str:
@@ -518,11 +532,21 @@ GET_MANY = f"{SELECT_JOBS} WHERE id = ANY(%(ids)s::bigint[])"
 EXPIRED = (
     f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= {NOW} ORDER BY lease_until LIMIT %(limit)s"
 )
-DELETE = f"DELETE FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) AND {FINISHED_SQL} RETURNING id"
+# A deleted job's steps and edges go with it.
+_FORGET_GONE = (
+    "steps AS (DELETE FROM nbqueue_steps WHERE job_id IN (SELECT id FROM gone)), "
+    "parents AS (DELETE FROM nbqueue_edges WHERE parent IN (SELECT id FROM gone)), "
+    "children AS (DELETE FROM nbqueue_edges WHERE child IN (SELECT id FROM gone))"
+)
+DELETE = (
+    "WITH gone AS (DELETE FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) "
+    f"AND {FINISHED_SQL} AND NOT {PARENT_NEEDED} RETURNING id), {_FORGET_GONE} SELECT id FROM gone"
+)
 PURGE = (
     "WITH gone AS (DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs "
     f"WHERE updated_at < {NOW} - %(age)s AND status = ANY(%(statuses)s::text[]) AND {FINISHED_SQL} "
-    f"AND NOT {PARENT_NEEDED} ORDER BY id LIMIT %(limit)s) RETURNING 1) SELECT count(*) FROM gone"
+    f"AND NOT {PARENT_NEEDED} ORDER BY id LIMIT %(limit)s) RETURNING id), {_FORGET_GONE} "
+    "SELECT count(*) FROM gone"
 )
 
 # Counts: fold the appended changes into nbqueue_counts (one folder at a time), atomically,

@@ -442,16 +442,22 @@ class SQLiteStorage:
         now = _stamp(now)
         params = {"id": job_id, "attempt": attempt, "result": result, "output": output, "now": now}
 
+        linked: list[bool] = []
+
         def work(conn: sqlite3.Connection) -> tuple[bool, Row | None]:
             done = conn.execute(sql.COMPLETE, params).fetchone()
             if done is None:
                 return False, None
             if done[0]:  # its children learn of it in the same transaction
+                linked.append(True)
                 cascade.resolve(_runner(conn), [(job_id, State.COMPLETED, None)], now)
             # The next claim rides in the same commit: half the fsyncs per job.
             return True, None if then_claim is None else _claim(conn, then_claim, now)
 
-        return self._write(work)
+        outcome = self._write(work)
+        if linked:  # children it let go may be due now
+            self.notify()
+        return outcome
 
     def fail(
         self,
@@ -476,14 +482,17 @@ class SQLiteStorage:
         statement = sql.FAIL_EXPIRED if expired else sql.FAIL
         moment = _stamp(now)
 
+        linked: list[bool] = []
+
         def work(conn: sqlite3.Connection) -> bool:
             row = conn.execute(statement, params).fetchone()
             if row is not None and row[0] and status is State.DEAD:
+                linked.append(True)
                 cascade.resolve(_runner(conn), [(job_id, State.DEAD, None)], moment)
             return row is not None
 
         changed = self._write(work)
-        if changed and status is State.FAILED:
+        if changed and (status is State.FAILED or linked):
             self.notify()
         return changed
 
@@ -511,7 +520,9 @@ class SQLiteStorage:
                 cascade.resolve(_runner(conn), [(job_id, State.DEAD, None)], now)
             return row is not None
 
-        return self._write(work)
+        buried = self._write(work)
+        self.notify()  # (an all_done child may be due now)
+        return buried
 
     def cancel(self, job_ids: Sequence[int], now: int | None) -> list[int]:
         now = _stamp(now)
@@ -523,7 +534,9 @@ class SQLiteStorage:
                 cascade.resolve(_runner(conn), linked, now)
             return sorted(int(r[0]) for r in rows)
 
-        return self._write(work)
+        cancelled = self._write(work)
+        self.notify()  # (an all_done child may be due now)
+        return cancelled
 
     def requeue(self, job_ids: Sequence[int] | None, now: int | None) -> list[int]:
         now = _stamp(now)

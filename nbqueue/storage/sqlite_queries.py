@@ -176,6 +176,11 @@ MIGRATIONS: dict[int, str] = {
     CREATE TABLE nbqueue_workflows (
         id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, created_at INTEGER NOT NULL
     );
+    CREATE TRIGGER nbqueue_forget AFTER DELETE ON nbqueue_jobs BEGIN
+        DELETE FROM nbqueue_steps WHERE job_id = old.id;
+        DELETE FROM nbqueue_edges WHERE parent = old.id;
+        DELETE FROM nbqueue_edges WHERE child = old.id;
+    END;
     """,
 }
 
@@ -337,6 +342,12 @@ CHILDREN_BLOCKED = (
     "SELECT e.parent, c.id, c.wait_when, c.parents_left FROM nbqueue_edges e JOIN nbqueue_jobs c "
     f"ON c.id = e.child WHERE e.parent IN {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent"
 )
+# Children that wait for their parents, or were let go by them and have not started: a parent
+# that comes back (requeue, replay) makes them count afresh.
+CHILDREN_WAITING = (
+    "SELECT DISTINCT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
+    f"WHERE e.parent IN {IDS} AND c.status IN ('blocked', 'pending') ORDER BY c.id"
+)
 SET_LEFT = "UPDATE nbqueue_jobs SET parents_left = :left WHERE id = :id AND status = 'blocked'"
 UNBLOCK = (
     "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = max(run_at, :now), "
@@ -460,7 +471,8 @@ PERIODIC_MOVE = "UPDATE nbqueue_periodic SET last_slot = :slot WHERE name = :nam
 GET = f"{SELECT_JOBS} WHERE id = :id"
 GET_MANY = f"{SELECT_JOBS} WHERE id IN {IDS}"
 EXPIRED = f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= :now ORDER BY lease_until LIMIT :limit"
-DELETE = f"DELETE FROM nbqueue_jobs WHERE id IN {IDS} AND {FINISHED_SQL}"
+# A deleted job's steps and edges go with it (the nbqueue_forget trigger).
+DELETE = f"DELETE FROM nbqueue_jobs WHERE id IN {IDS} AND {FINISHED_SQL} AND NOT {PARENT_NEEDED}"
 PURGE = (
     "DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs WHERE updated_at < :before "
     f"AND status IN (SELECT value FROM json_each(:statuses)) AND {FINISHED_SQL} AND NOT {PARENT_NEEDED} "

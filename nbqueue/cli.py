@@ -1,4 +1,4 @@
-"""The `nbqueue` command: worker, stats, jobs, requeue, cancel, purge; thin over Queue."""
+"""The `nbqueue` command: worker, stats, jobs, graph, steps, requeue, cancel, purge; thin over Queue."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ COMMANDS = {
     "worker": "run jobs until SIGINT/SIGTERM (the running job finishes or is released)",
     "stats": "count the jobs in each state",
     "jobs": "list jobs, newest first",
+    "graph": "the jobs linked to a job by after= (its workflow's graph), with their parents",
+    "steps": "a job's durable steps (nbqueue.step) and their values",
     "requeue": "give dead or cancelled jobs a fresh start",
     "cancel": "cancel jobs that have not finished",
     "purge": "delete finished jobs, for example completed ones older than 7 days",
@@ -103,7 +105,9 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument("--status", "-s", choices=[s.value for s in State], help="only this state")
     j.add_argument("--queue", "-q", help="only this queue")
     j.add_argument("--limit", "-n", type=int, default=50, help="how many (default 50)")
-    for name in ("stats", "jobs"):
+    for name in ("graph", "steps"):
+        cmd[name].add_argument("id", type=int, help="a job id")
+    for name in ("stats", "jobs", "graph", "steps"):
         cmd[name].add_argument("--json", action="store_true", help="print JSON")
     r = cmd["requeue"]
     r.add_argument("ids", nargs="*", type=int, help="job ids")
@@ -114,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
         "--status",
         "-s",
         action="append",
-        choices=["completed", "dead", "cancelled"],
+        choices=["completed", "dead", "cancelled", "upstream_failed"],
         help="state to purge (repeatable; default completed)",
     )
     pu.add_argument("--older-than", type=duration, default=None, help="age, like 7d or 12h")
@@ -225,19 +229,70 @@ def _jobs(queue: Queue, args: argparse.Namespace) -> int:
                         "max_retries": j.max_retries,
                         "run_at": j.run_at.isoformat(),
                         "error": j.error,
+                        "root_cause": j.root_cause,
                     }
                     for j in jobs
                 ]
             )
         )
         return 0
-    print(f"{'id':>6}  {'status':<9}  {'queue':<10}  {'task':<24}  {'tries':>5}  {'run at (UTC)':<19}  error")
+    print(
+        f"{'id':>6}  {'status':<15}  {'queue':<10}  {'task':<24}  {'tries':>5}  {'run at (UTC)':<19}  error"
+    )
     for j in jobs:
         error = (j.error or "").strip().splitlines()[-1:] or [""]
         print(
-            f"{j.id:>6}  {j.status.value:<9}  {j.queue[:10]:<10}  {(j.task or '(payload)')[:24]:<24}  "
+            f"{j.id:>6}  {j.status.value:<15}  {j.queue[:10]:<10}  {(j.task or '(payload)')[:24]:<24}  "
             f"{j.retries:>2}/{j.max_retries:<2}  {j.run_at:%Y-%m-%d %H:%M:%S}  {error[0][:60]}"
         )
+    return 0
+
+
+def _graph(queue: Queue, args: argparse.Namespace) -> int:
+    graph = queue.manager.graph(args.id)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": job.id,
+                        "task": job.task,
+                        "status": job.status.value,
+                        "parents": parents,
+                        "root_cause": job.root_cause,
+                    }
+                    for job, parents in graph
+                ]
+            )
+        )
+        return 0
+    print(f"{'id':>6}  {'status':<15}  {'task':<24}  parents")
+    for job, parents in graph:
+        cause = f"  (root cause: job {job.root_cause})" if job.root_cause else ""
+        named = ", ".join(map(str, parents)) or "-"
+        print(f"{job.id:>6}  {job.status.value:<15}  {(job.task or '(payload)')[:24]:<24}  {named}{cause}")
+    return 0
+
+
+def _steps(queue: Queue, args: argparse.Namespace) -> int:
+    rows = [
+        {
+            "step": name,
+            "status": "completed" if error is None else "failed",
+            "attempt": attempt,
+            "value": None if value is None else json.loads(value),
+            "error": error,
+        }
+        for name, value, error, attempt, _started, _finished in queue.manager.steps(args.id)
+    ]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'step':<24}  {'status':<9}  {'attempt':>7}  value / error")
+    for row in rows:
+        shown = json.dumps(row["value"]) if row["error"] is None else str(row["error"]).strip()
+        last = shown.splitlines()[-1] if shown else ""
+        print(f"{str(row['step'])[:24]:<24}  {row['status']:<9}  {row['attempt']:>7}  {last[:70]}")
     return 0
 
 
@@ -264,6 +319,8 @@ _COMMANDS = {
     "worker": _worker,
     "stats": _stats,
     "jobs": _jobs,
+    "graph": _graph,
+    "steps": _steps,
     "requeue": _requeue,
     "cancel": _cancel,
     "purge": _purge,

@@ -133,6 +133,10 @@ class JobSource(Protocol):
         """The same, for a coroutine: the caller's event loop stays free while it waits."""
         ...
 
+    def relatives(self, job_id: int) -> tuple[list[int], list[int]]:
+        """The ids of the job's parents (what it waits for, after=) and of its children."""
+        ...
+
 
 @dataclass(slots=True, eq=False, repr=False)
 class Job:
@@ -251,6 +255,14 @@ class Job:
         """
         return self._bound().result(self, timeout=timeout)
 
+    def parents(self) -> list[int]:
+        """The ids of the jobs this one waits for (after=, result_of)."""
+        return self._bound().relatives(self.id)[0]
+
+    def children(self) -> list[int]:
+        """The ids of the jobs that wait for this one."""
+        return self._bound().relatives(self.id)[1]
+
     def __await__(self) -> Generator[Any, None, Any]:
         """`value = await job` in a notebook cell or a coroutine: the result once it finishes
         (JobFailed if it ended dead or cancelled); the caller's loop stays free meanwhile."""
@@ -282,6 +294,10 @@ class Job:
             rows.append(("key", self.key))
         if self.status is State.COMPLETED:
             rows.append(("result", (self.result_json or "null")[:300]))
+        if self.status is State.BLOCKED:
+            rows.append(("waiting for", f"{self.parents_left} parent(s) ({self.when})"))
+        if self.root_cause is not None:
+            rows.append(("root cause", f"job {self.root_cause}"))
         if self.error:
             rows.append(("error", self.error.strip().splitlines()[-1][:300]))
         body = "".join(

@@ -532,15 +532,18 @@ class JobManager:
 
     # -- graphs and steps --------------------------------------------------------
 
-    def graph(self, of: Workflow | Planned | Job | int) -> list[tuple[Job, list[int]]]:
-        """A workflow's jobs, or every job linked to a job by `after=`, each with its parents' ids."""
+    def graph(
+        self, of: Workflow | Planned | Job | int, limit: int = GRAPH_LIMIT
+    ) -> list[tuple[Job, list[int]]]:
+        """A workflow's jobs, or every job linked to a job by `after=` (at most `limit` of them),
+        each with its parents' ids."""
         if isinstance(of, Workflow):
             if of.id is None:
                 raise NbqueueError(f"workflow {of.name!r} is written when its `with` block ends")
             ids = self.storage.workflow_jobs(of.id)
             edges = self.storage.edges(ids) if ids else []
         else:
-            ids, edges = self._connected(check_id(getattr(of, "id", of)))
+            ids, edges = self._connected(check_id(getattr(of, "id", of)), limit)
         inside = set(ids)
         parents: dict[int, list[int]] = {}
         for parent, child in sorted({(int(p), int(c)) for p, c in edges}):
@@ -551,18 +554,31 @@ class JobManager:
         )
         return [(job, parents.get(job.id, [])) for job in jobs]
 
-    def _connected(self, start: int) -> tuple[list[int], list[Row]]:
-        """The jobs reachable from `start` along edges either way, and the edges among them."""
+    def _connected(self, start: int, limit: int) -> tuple[list[int], list[Row]]:
+        """The jobs reachable from `start` along edges either way (the nearest `limit`), and the edges."""
         if self.storage.get(start) is None:
             raise JobNotFound(f"no job with id {start}")
         seen, frontier, edges = {start}, [start], set()
-        while frontier and len(seen) < GRAPH_LIMIT:
+        while frontier and len(seen) < limit:
             found = {(int(p), int(c)) for p, c in self.storage.edges(frontier)}
             edges |= found
             reached = {j for edge in found for j in edge} - seen
             seen |= reached
             frontier = sorted(reached)
-        return sorted(seen)[:GRAPH_LIMIT], list(edges)
+        return sorted(seen)[:limit], list(edges)
+
+    def parents_of(self, job_ids: Sequence[int]) -> dict[int, list[int]]:
+        """Each job's parents (ids), for the jobs that have any."""
+        wanted = set(job_ids)
+        found: dict[int, list[int]] = {}
+        for parent, child in self.storage.edges(list(job_ids)) if job_ids else []:
+            if int(child) in wanted:
+                found.setdefault(int(child), []).append(int(parent))
+        return found
+
+    def found(self, job_ids: Iterable[int]) -> dict[int, Job]:
+        """The jobs of these ids that exist (as listed: a damaged row too), by id."""
+        return {job.id: job for job in map(listed, self.storage.get_many(sorted(set(job_ids))))}
 
     def relatives(self, job_id: int) -> tuple[list[int], list[int]]:
         """A job's parents and children (ids)."""

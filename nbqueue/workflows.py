@@ -14,11 +14,13 @@ An exception in the block writes nothing.
 from __future__ import annotations
 
 import hashlib
+import html
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dag import svg
 from .dependencies import referenced
 from .errors import InvalidArgument, NbqueueError
 from .jobs import Job
@@ -119,6 +121,13 @@ class Workflow:
 
     def __repr__(self) -> str:
         return f"<nbqueue workflow {self.name!r} id={self.id} jobs={len(self.plans)}>"
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the workflow's graph as it stands, nodes coloured by state."""
+        graph = getattr(self.owner, "graph", None)
+        if self.id is None or graph is None:
+            return html.escape(repr(self))
+        return svg(graph(self), f"workflow {self.name!r} (#{self.id})")
 
 
 _active: ContextVar[Workflow | None] = ContextVar("nbqueue_workflow", default=None)

@@ -257,14 +257,19 @@ class NbqueueMagics(Magics):
     @argument("--status", "-s", default=None, choices=[s.value for s in State])
     @argument("--queue", "-q", default=None)
     @argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    @argument("--graph", "-g", type=int, default=None, help="draw the graph job ID belongs to, live")
     @line_magic("jobs")
     def jobs_magic(self, line: str) -> Any:
-        """%jobs [--status S] [--queue Q]: the live job board."""
+        """%jobs [--status S] [--queue Q]: the live job board. %jobs --graph ID: a job's graph."""
         args = _parse(self.jobs_magic, line)
         if not 0 < args.interval < 3600:
             raise UsageError("--interval must be a number of seconds above 0 (and under an hour)")
-        from .views import JobBoard  # noqa: PLC0415 - ipywidgets loads on first view
+        from .views import GraphView, JobBoard  # noqa: PLC0415 - ipywidgets loads on first view
 
+        if args.graph is not None:
+            view = GraphView(self.session.current(), args.graph, interval=args.interval)
+            self.session.views.append(view)
+            return view
         board = JobBoard(
             self.session.current(), status=args.status, queue_name=args.queue, interval=args.interval
         )

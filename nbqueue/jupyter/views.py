@@ -15,23 +15,18 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ..dag import COLOURS, short, svg
 from ..errors import NbqueueError
-from ..jobs import Job, State
+from ..frames import last_line
+from ..jobs import FINISHED, Job, State
 from ..queue import Queue
+from ..workflows import Planned, Workflow
 
 log = logging.getLogger("nbqueue.views")
 
-COLOURS = {
-    State.BLOCKED: "#6f42c1",
-    State.PENDING: "#6c757d",
-    State.RUNNING: "#0d6efd",
-    State.COMPLETED: "#198754",
-    State.FAILED: "#fd7e14",
-    State.DEAD: "#dc3545",
-    State.CANCELLED: "#adb5bd",
-    State.UPSTREAM_FAILED: "#e685b5",
-}
 ALL = "all"
+FAMILY_SHOWN = 20  # parents or children the detail pane names
+GRAPH_DRAWN = 300  # jobs of a job's graph the detail pane draws (q.graph has them all)
 DETAIL_LIMIT = 20_000  # characters of a payload, result, error or output the detail pane shows
 NO_JOB = "choose a job…"
 
@@ -42,10 +37,6 @@ def _pill(state: State, n: int) -> str:
         f"style='display:inline-block;margin:0 6px 4px 0;padding:2px 10px;border-radius:12px;"
         f"background:{COLOURS[state]};color:white;font-weight:600'>{state.value} {n}</span>"
     )
-
-
-def _last_line(text: str | None) -> str:
-    return (text or "").strip().splitlines()[-1:][0] if (text or "").strip() else ""
 
 
 def _when(job: Job) -> str:
@@ -69,15 +60,18 @@ def _progress_cell(job: Job) -> str:
     )
 
 
-def _error_cell(job: Job) -> str:
-    error = html.escape(_last_line(job.error)[:120])
+def _error_cell(job: Job, note: str | None = None) -> str:
+    if note:  # what a blocked or upstream_failed job waits for says more than its error
+        colour = COLOURS[job.status]
+        return f"<span class='nbqueue-waiting' style='color:{colour}'>{html.escape(note)}</span>"
+    error = html.escape((last_line(job.error) or "")[:120])
     if error and job.status is State.COMPLETED:  # kept in history; say it is not current
         return f"<span style='color:#6c757d;font-style:italic'>earlier run: {error}</span>"
     return error
 
 
-def jobs_table(jobs: list[Job]) -> str:
-    """An HTML table of jobs (escaped), one row each."""
+def jobs_table(jobs: list[Job], notes: dict[int, str] | None = None) -> str:
+    """An HTML table of jobs (escaped), one row each; `notes` say what waiting jobs wait for."""
     head = "".join(
         f"<th style='text-align:left;padding:2px 8px'>{h}</th>"
         for h in ("id", "task", "queue", "status", "runs", "updated (UTC)", "progress", "last error")
@@ -93,7 +87,7 @@ def jobs_table(jobs: list[Job]) -> str:
             html.escape(str(job.attempts)),
             html.escape(_when(job)),
             _progress_cell(job),
-            _error_cell(job),
+            _error_cell(job, (notes or {}).get(job.id)),
         )
         rows.append(
             f"<tr data-job-id='{html.escape(str(job.id))}'>"
@@ -130,8 +124,91 @@ def limits_line(frame: Any) -> str:
     return "<div class='nbqueue-limits'><b>LIMITS</b>&nbsp; " + " &nbsp;|&nbsp; ".join(parts) + "</div>"
 
 
-def job_detail(job: Job | None) -> str:
-    """Everything about one job: payload, result, error traceback, attempts, output."""
+def waiting_notes(queue: Queue, jobs: list[Job]) -> dict[int, str]:
+    """What each blocked or upstream_failed job waits for, in a few words:
+    "waiting on #4 (running), #5 (pending)", or "waiting on dead #12: requeue it"."""
+    manager = queue.manager
+    blocked = [j.id for j in jobs if j.status is State.BLOCKED]
+    doomed = {j.id: j.root_cause for j in jobs if j.status is State.UPSTREAM_FAILED and j.root_cause}
+    if not blocked and not doomed:
+        return {}
+    parents = manager.parents_of(blocked)
+    known = manager.found([*doomed.values(), *(p for ps in parents.values() for p in ps)])
+    notes = {}
+    for job_id, root_id in doomed.items():
+        root = known.get(root_id)
+        if root is None:
+            notes[job_id] = f"upstream job #{root_id} failed and is gone"
+        elif root.status in (State.DEAD, State.CANCELLED):
+            notes[job_id] = f"waiting on {root.status.value} #{root.id}: requeue it"
+    for job_id in blocked:
+        waited = [known[p] for p in parents.get(job_id, []) if p in known and not known[p].finished]
+        named = ", ".join(f"#{p.id} ({p.status.value})" for p in waited[:3])
+        more = f" +{len(waited) - 3} more" if len(waited) > 3 else ""
+        notes[job_id] = f"waiting on {named}{more}" if waited else "waiting on its parents"
+    return notes
+
+
+def family(queue: Queue, job: Job) -> str:
+    """A job's parents and children with their states, what it waits for, and its graph drawn."""
+    parents, children = queue.manager.relatives(job.id)
+    if not parents and not children:
+        return ""
+    known = queue.manager.found([*parents[:FAMILY_SHOWN], *children[:FAMILY_SHOWN]])
+
+    def names(ids: list[int]) -> str:
+        shown = [
+            f"<span data-job-id='{i}' style='color:{COLOURS[known[i].status]}'>#{i} "
+            f"{html.escape(short(known[i].task))} {known[i].status.value}</span>"
+            for i in ids[:FAMILY_SHOWN]
+            if i in known
+        ]
+        more = f" · +{len(ids) - FAMILY_SHOWN} more" if len(ids) > FAMILY_SHOWN else ""
+        return (" · ".join(shown) + more) or "none"
+
+    note = waiting_notes(queue, [job]).get(job.id)
+    rule = html.escape(job.when or "all_succeeded")
+    lines = [
+        f"<div class='nbqueue-parents'><b>parents</b> ({rule}): {names(parents)}</div>",
+        f"<div class='nbqueue-children'><b>children</b>: {names(children)}</div>",
+    ]
+    if note:
+        lines.append(f"<div class='nbqueue-waiting'><b>{html.escape(note)}</b></div>")
+    drawing = svg(queue.manager.graph(job, limit=GRAPH_DRAWN))
+    lines.append(f"<div class='nbqueue-graph-box' style='overflow:auto;max-height:24em'>{drawing}</div>")
+    return "<div class='nbqueue-family'>" + "".join(lines) + "</div>"
+
+
+def steps_table(queue: Queue, job: Job) -> str:
+    """A job's durable steps: name, status, attempt, value (clipped), error's last line."""
+    frame = queue.steps(job)
+    if frame.empty:
+        return ""
+    rows = []
+    for r in frame.itertuples(index=False):
+        value = json.dumps(r.value, ensure_ascii=False)[:120] if r.status == "completed" else ""
+        error = (last_line(r.error) if isinstance(r.error, str) else None) or ""
+        cells = (str(r.step), str(r.status), str(r.attempt), value, error[:120])
+        rows.append(
+            f"<tr data-step='{html.escape(str(r.step))}'>"
+            + "".join(f"<td style='text-align:left;padding:1px 8px'>{html.escape(c)}</td>" for c in cells)
+            + "</tr>"
+        )
+    head = "".join(
+        f"<th style='text-align:left;padding:1px 8px'>{h}</th>"
+        for h in ("step", "status", "attempt", "value", "error")
+    )
+    return f"<div><b>steps</b><table class='nbqueue-steps'><tr>{head}</tr>{''.join(rows)}</table></div>"
+
+
+def graph_html(queue: Queue, of: Workflow | Planned | Job | int, title: str = "") -> str:
+    """A workflow's (or a job's) graph drawn as SVG."""
+    return svg(queue.manager.graph(of), title)
+
+
+def job_detail(job: Job | None, extra: str = "") -> str:
+    """Everything about one job: payload, result, error traceback, attempts, output; `extra`
+    (its family and steps) after the facts."""
     if job is None:
         return "<i>select a job to see its details</i>"
 
@@ -154,6 +231,7 @@ def job_detail(job: Job | None) -> str:
     )
     return (
         f"<div class='nbqueue-detail' data-job-id='{job.id}'>{facts}"
+        + extra
         + block("payload", json.dumps(job.payload, indent=2, ensure_ascii=False))
         + block("result", job.result_json)
         + block("error", job.error)
@@ -222,7 +300,7 @@ class JobBoard(_LiveView):
         self.page_size = page_size
         self.page = 0
         self._updating = False
-        self._detail_key: tuple[int, object] | None = None
+        self._detail_key: tuple[int, object, tuple[int, ...]] | None = None
         self.counts: dict[str, int] = {}
         self.rows: list[Job] = []
         self.title = widgets.HTML(
@@ -304,14 +382,15 @@ class JobBoard(_LiveView):
             self.counts_html.value = "".join(_pill(s, counts[s.value]) for s in State)
             self.limits_html.value = limits_line(self.queue.limits())
             total = sum(counts.values())
-            done = sum(counts[s] for s in ("completed", "dead", "cancelled"))
+            done = sum(counts[s.value] for s in FINISHED)
             self.progress.max = max(total, 1)
             self.progress.value = done
             self.progress_label.value = (
                 f"&nbsp;{done} of {total} finished · {counts['running']} running · "
                 f"{counts['pending'] + counts['failed']} waiting"
+                + (f" · {counts['blocked']} blocked" if counts["blocked"] else "")
             )
-            self.table.value = jobs_table(rows)
+            self.table.value = jobs_table(rows, waiting_notes(self.queue, rows))
             self.page_label.value = f"&nbsp;page {self.page + 1} of {pages} ({matching} jobs)&nbsp;"
             self.newer.disabled = self.page == 0
             self.older.disabled = self.page >= pages - 1
@@ -331,7 +410,8 @@ class JobBoard(_LiveView):
     def _show_detail(self) -> None:
         job_id = self.job_select.value
         listed = next((j for j in self.rows if j.id == job_id), None)
-        key = (job_id, None if listed is None else listed.updated_at)
+        # Its parents and children move too: any change of the counts reads it again.
+        key = (job_id, None if listed is None else listed.updated_at, tuple(self.counts.values()))
         if key == self._detail_key:  # unchanged: the whole job is read only when it changes
             return
         self._detail_key = key
@@ -340,7 +420,8 @@ class JobBoard(_LiveView):
         except NbqueueError:
             job = None
         self.cancel_button.disabled = job is None or job.finished
-        self.detail.value = job_detail(job)
+        extra = "" if job is None else family(self.queue, job) + steps_table(self.queue, job)
+        self.detail.value = job_detail(job, extra)
 
     def _cancel(self) -> None:
         """Cancel the selected job; a running one is told to stop (process mode kills it)."""
@@ -352,6 +433,33 @@ class JobBoard(_LiveView):
             except NbqueueError as exc:
                 self.message.value = f"<span style='color:#dc3545'>{html.escape(str(exc))}</span>"
             self.refresh()
+
+
+class GraphView(_LiveView):
+    """A workflow's graph (or the graph a job belongs to), drawn live: nodes coloured by state."""
+
+    def __init__(
+        self, queue: Queue, of: Workflow | Planned | Job | int, *, interval: float = 1.0, **kwargs: Any
+    ) -> None:
+        super().__init__(queue, interval, **kwargs)
+        self.of = of
+        name = f"workflow {of.name!r}" if isinstance(of, Workflow) else f"job {getattr(of, 'id', of)}"
+        self.title = f"graph of {name}"
+        self.drawing = widgets.HTML()
+        self.counts_html = widgets.HTML()
+        self.children = [self.counts_html, self.drawing]
+        self.add_class("nbqueue-graph-view")
+        self.refresh()
+        self._start_timer()
+
+    def refresh(self) -> None:
+        with self._lock:
+            graph = self.queue.manager.graph(self.of)
+            counts: dict[State, int] = {}
+            for job, _ in graph:
+                counts[job.status] = counts.get(job.status, 0) + 1
+            self.counts_html.value = "".join(_pill(s, counts[s]) for s in State if s in counts)
+            self.drawing.value = f"<div style='overflow:auto;max-height:40em'>{svg(graph, self.title)}</div>"
 
 
 class DeadLetterView(_LiveView):
@@ -411,7 +519,9 @@ class DeadLetterView(_LiveView):
                 f" in <code>{html.escape(str(self.queue))}</code>"
                 + (f" (showing the newest {len(jobs)})" if total > len(jobs) else "")
             )
-            options = [(f"#{j.id} {j.task or 'payload'}: {_last_line(j.error)[:70]}", j.id) for j in jobs]
+            options = [
+                (f"#{j.id} {j.task or 'payload'}: {(last_line(j.error) or '')[:70]}", j.id) for j in jobs
+            ]
             self.select.rows = min(max(len(jobs), 2), 8)
             if list(self.select.options) != options:
                 keep = tuple(v for v in self.select.value if v in {j.id for j in jobs})

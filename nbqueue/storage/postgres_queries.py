@@ -267,7 +267,8 @@ DOOMED_BY = (
     f"WHERE e.parent = {IDS} AND c.status = 'upstream_failed' AND c.root_cause = %(root)s"
 )
 REARM = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, finished_at = NULL, "
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, "
+    "finished_at = NULL, "
     "updated_at = c.now FROM c WHERE id = %(id)s AND status = 'upstream_failed'"
 )
 EDGES_OF = (

@@ -373,7 +373,8 @@ DOOMED_BY = (
     f"WHERE e.parent IN {IDS} AND c.status = 'upstream_failed' AND c.root_cause = :root"
 )
 REARM = (
-    "UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, finished_at = NULL, updated_at = :now "
+    "UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, finished_at = NULL, "
+    "updated_at = :now "
     "WHERE id = :id AND status = 'upstream_failed'"
 )
 EDGES_OF = (

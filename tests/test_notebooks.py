@@ -28,6 +28,7 @@ TUTORIALS = {
     "04-agent-pipeline.ipynb",
     "05-long-running.ipynb",
     "06-async-agents.ipynb",
+    "07-research-workflow.ipynb",
 }
 
 

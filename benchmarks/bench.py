@@ -156,6 +156,25 @@ def drain_limited(folder: Path, n: int, **limit: Any) -> tuple[float, float]:
     return limited, unlimited
 
 
+def drain_graph(folder: Path, n: int) -> tuple[float, float]:
+    """A fan-out/fan-in (one root, n children after it, one join after all of them) drained by one
+    worker thread, next to the same number of independent jobs: what dependencies cost."""
+    plain = new_queue(folder)
+    fill(plain, n + 2)
+    independent = rate(n + 2, plain.worker(concurrency=1, lease=60).run_until_idle)
+    plain.close()
+    q = new_queue(folder)
+    step = q.task(name="bench.step")(noop)
+    with q.workflow("fan") as wf:  # written in one transaction, like fill's batches
+        root = step.enqueue()
+        children = [step.schedule(after=[root]) for _ in range(n)]
+        step.schedule(after=children)
+    graph = rate(n + 2, q.worker(concurrency=1, lease=60).run_until_idle)
+    assert q.counts()["completed"] == n + 2 == len(wf.jobs)
+    q.close()
+    return graph, independent
+
+
 # -- the same SQL nbqueue runs, on nbqueue's own schema, without nbqueue's Python ----------
 # These separate what the schema costs (indexes for claims and paging, the counts
 # triggers that keep the board O(1)) from what nbqueue's Python adds on top.
@@ -498,6 +517,12 @@ def main(argv: list[str] | None = None) -> int:
                 "the same drain, no limits (the limit check's cost)",
                 0.0,
                 lambda: drain_limited(folder, n, concurrency=1000),
+            ),
+            (
+                "drain, fan-out/fan-in 10,000",
+                "the same number of independent jobs",
+                0.0,
+                lambda: drain_graph(folder, 300 if args.quick else 10_000),
             ),
             (
                 "drain, key rate 1000/s",

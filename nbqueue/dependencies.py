@@ -99,11 +99,24 @@ FINAL = (*FINISHED, State.UPSTREAM_FAILED)
 # -- placeholders for parents' results ----------------------------------------------------
 
 
+# Until this process makes its first placeholder, no call's arguments can hold one: enqueue
+# then skips looking for them (the common case pays nothing for the feature).
+_made = [False]
+
+
+def any_made() -> bool:
+    """Has this process made a result_of / results_of placeholder?"""
+    return _made[0]
+
+
 @dataclass(frozen=True, slots=True)
 class ResultOf:
     """`nbqueue.result_of(job)`: replaced by that job's result when the child is claimed."""
 
     job: Any  # a Job, a job id, or a workflow's planned job
+
+    def __post_init__(self) -> None:
+        _made[0] = True
 
     def marker(self, ids: Mapping[int, int]) -> dict[str, Any]:
         return {MARK: "result_of", "job": job_ref(self.job, ids)}
@@ -114,6 +127,9 @@ class ResultsOf:
     """`nbqueue.results_of(jobs)`: replaced by the list of their results when the child is claimed."""
 
     jobs: tuple[Any, ...]
+
+    def __post_init__(self) -> None:
+        _made[0] = True
 
     def marker(self, ids: Mapping[int, int]) -> dict[str, Any]:
         return {MARK: "results_of", "jobs": [job_ref(j, ids) for j in self.jobs]}

@@ -158,6 +158,12 @@ class JobManager:
         return replace(plan, origin=origin)
 
     def _body(self, plan: Plan, ids: dict[int, int]) -> str:
+        if not plan.placeholders:  # nothing to write as markers (the common case: no walk)
+            return (
+                payload_json.dumps(plan.payload, "payload")
+                if plan.task is None
+                else call_body(plan.args, plan.kwargs)
+            )
         if plan.task is None:
             return payload_json.dumps(dependencies.encode(plan.payload, ids), "payload")
         return call_body(dependencies.encode(list(plan.args), ids), dependencies.encode(plan.kwargs, ids))
@@ -167,6 +173,8 @@ class JobManager:
         signature = signing.sign(plan.task, body) if plan.signed and plan.task else None
         new = self._new_job(plan.task, body, plan.options, plan.backoff, signature)
         parents = tuple(dependencies.job_ref(p, ids) for p in plan.parents)
+        if not parents and plan.origin is None and workflow is None:
+            return new
         when = plan.options.when if parents else None
         return replace(new, parents=parents, when=when, origin=plan.origin, workflow=workflow)
 

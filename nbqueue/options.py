@@ -69,8 +69,10 @@ class JobOptions:
         object.__setattr__(self, "delay", seconds(self.delay, "delay"))
         object.__setattr__(self, "timeout", check_timeout(self.timeout))
         object.__setattr__(self, "limits", limit_units(self.limits) or None)
-        object.__setattr__(self, "after", parent_list(self.after))
-        object.__setattr__(self, "when", when(self.when).value)
+        if self.after != ():  # (the common case, no parents, costs nothing)
+            object.__setattr__(self, "after", parent_list(self.after))
+        if self.when != "all_succeeded":
+            object.__setattr__(self, "when", when(self.when).value)
         if self.run_at is not None:
             if self.delay is not None:
                 raise InvalidArgument("give delay or run_at, not both")

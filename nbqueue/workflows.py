@@ -18,10 +18,11 @@ import html
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from .dag import svg
-from .dependencies import referenced
+from .dependencies import any_made, referenced
 from .errors import InvalidArgument, NbqueueError
 from .jobs import Job
 from .options import JobOptions
@@ -41,15 +42,17 @@ class Plan:
     signed: bool = False
     origin: str | None = None
 
+    @cached_property
+    def placeholders(self) -> list[Any]:
+        """The jobs its result_of / results_of placeholders name (looked for once)."""
+        if not any_made():
+            return []
+        return [*referenced(self.args), *referenced(self.kwargs), *referenced(self.payload)]
+
     @property
     def parents(self) -> list[Any]:
         """Everything it waits for: `after=`, and the jobs its placeholders name."""
-        return [
-            *self.options.after,
-            *referenced(self.args),
-            *referenced(self.kwargs),
-            *referenced(self.payload),
-        ]
+        return [*self.options.after, *self.placeholders] if self.options.after else self.placeholders
 
 
 class Planned:

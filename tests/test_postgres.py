@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -230,3 +231,16 @@ def test_import_without_psycopg_works_and_a_url_names_the_extra(pg_url: str, tmp
         env={**ENV, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
     )
     assert "pip install 'nbqueue[postgres]'" in done.stdout
+
+
+def test_a_connection_made_by_a_thread_closes_when_the_thread_ends(pg_url: str) -> None:
+    """150 short-lived threads each enqueue once: more than the server's 100 slots would allow if
+    each thread kept its connection, and the server holds no more than a few for this queue."""
+    q = nbqueue.Queue(pg_url)
+    for i in range(150):
+        thread = threading.Thread(target=q.enqueue, args=({"i": i},))
+        thread.start()
+        thread.join()
+    assert q.counts()["pending"] == 150
+    assert len(q.manager.storage._all) <= 2  # this thread's, and at most one not yet collected
+    q.close()

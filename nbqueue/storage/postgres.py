@@ -17,6 +17,7 @@ import json
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -107,6 +108,24 @@ def _clean(text: str | None) -> str | None:
     return None if text is None else text.replace("\x00", "\\0")
 
 
+class _Held:
+    """One thread's connection, held in its thread-local storage."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+
+def _release(
+    conn: psycopg.Connection[Any], every: list[psycopg.Connection[Any]], lock: threading.Lock
+) -> None:
+    """Close the connection of a thread that has ended."""
+    with lock:
+        if conn in every:
+            every.remove(conn)
+    with contextlib.suppress(psycopg.Error):
+        conn.close()
+
+
 class PostgresStorage:
     """Jobs in PostgreSQL tables (in `?schema=NAME`, default public); one connection per thread."""
 
@@ -160,15 +179,19 @@ class PostgresStorage:
             raise StorageError(f"cannot connect to {self._where}: {exc}") from exc
 
     def _conn(self) -> psycopg.Connection[Any]:
-        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
-        if conn is None or conn.closed or conn.broken:
+        held: _Held | None = getattr(self._local, "held", None)
+        if held is None or held.conn.closed or held.conn.broken:
             if self._closed:
                 raise StorageError(f"{self._where}: the queue is closed")
             conn = self._connect(autocommit=True)  # each verb is one statement: one round trip
-            self._local.conn = conn
+            held = _Held(conn)
+            # A thread's connection closes when the thread ends (its locals are dropped), so
+            # short-lived threads cannot use up the server's connection slots.
+            weakref.finalize(held, _release, conn, self._all, self._all_lock)
+            self._local.held = held
             with self._all_lock:
                 self._all.append(conn)
-        return conn
+        return held.conn
 
     def _run(
         self,

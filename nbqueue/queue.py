@@ -173,6 +173,7 @@ class Queue:
         cron: str | None = None,
         *,
         every: Duration | None = None,
+        tz: str | None = None,
         name: str | None = None,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
@@ -183,11 +184,13 @@ class Queue:
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """A task this queue's workers enqueue on a schedule: ``@q.periodic(cron="*/5 * * * *")``.
 
-        Or ``every=timedelta(minutes=5)``. Each slot is enqueued exactly once however
+        Cron takes names and aliases (``"0 9 * * MON-FRI"``, ``"@daily"``) and is read in `tz`
+        (an IANA name like ``"Europe/Berlin"``; UTC by default), daylight saving handled as
+        cron does. Or ``every=timedelta(minutes=5)``. Each slot is enqueued exactly once however
         many workers run; slots missed while no worker ran give one job, not a burst.
         The schedule belongs to this queue: another Queue's workers never enqueue it.
         """
-        plan = schedules.make(cron, every)
+        plan = schedules.make(cron, every, tz)
         call_body(tuple(args), kwargs or {})  # refused before anything is registered
 
         def wrap(fn: Callable[P, R]) -> Task[P, R]:

@@ -1,10 +1,18 @@
-"""Periodic schedules: `every=timedelta(...)` or a five-field `cron="*/5 * * * *"` (UTC).
+"""Periodic schedules: `every=timedelta(...)`, or cron (`"0 9 * * MON-FRI"`, `"@daily"`) in a time zone.
 
 A schedule names slots; the worker enqueues each slot's job once, whatever the
 number of workers (the slot is recorded in the database in the same
 transaction as the job). Missed slots while nothing ran give one job, for the
 latest slot, never a burst. The first time a schedule is seen its current slot
 is recorded and the first job comes at the next slot.
+
+Cron is read by cronsim (the cron engine of Healthchecks.io): five fields with
+names (`JAN`, `MON-FRI`), `L`, `#`, and the aliases below; evaluated in `tz`
+(IANA names, UTC by default) with cron's own rules for daylight saving: on a
+spring-forward day a job in the missing hour runs once, when the clock jumps
+(02:30 runs at 03:00); on a fall-back day a job at a fixed time in the repeated
+hour runs once, at its first occurrence; a job whose hour is a wildcard runs in
+both.
 """
 
 from __future__ import annotations
@@ -12,18 +20,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
 
 from .errors import InvalidArgument
 
-_FIELDS = (
-    ("minute", 0, 59),
-    ("hour", 0, 23),
-    ("day of month", 1, 31),
-    ("month", 1, 12),
-    ("day of week", 0, 7),
-)
-MAX_STEPS = 20_000  # ample for any cron that can match (29 February needs about 3,000)
-_LONGEST = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
+#: Cron's nicknames, as the five fields they stand for.
+ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,89 +59,83 @@ class Every:
 
 @dataclass(frozen=True, slots=True)
 class Cron:
-    """A five-field cron expression, evaluated in UTC: minute hour day-of-month month day-of-week."""
+    """A cron expression (five fields, or an alias like "@daily") evaluated in the time zone `tz`."""
 
     expression: str
-    minutes: frozenset[int]
-    hours: frozenset[int]
-    days: frozenset[int]
-    months: frozenset[int]
-    weekdays: frozenset[int]  # 0 = Sunday
-    any_day: bool
-    any_weekday: bool
+    tz: str = "UTC"
 
     @classmethod
-    def parse(cls, expression: str) -> Cron:
-        """Parse `*`, `*/n`, `a`, `a-b`, `a-b/n` and comma lists in each of the five fields."""
-        if not isinstance(expression, str):
-            raise InvalidArgument(f"cron must be a string like '*/5 * * * *', not {expression!r}")
-        parts = expression.split()
-        if len(parts) != 5:
-            raise InvalidArgument(f"cron {expression!r} needs five fields: minute hour day month weekday")
-        sets = [
-            _parse_field(text, name, low, high)
-            for text, (name, low, high) in zip(parts, _FIELDS, strict=True)
-        ]
-        weekdays = frozenset(d % 7 for d in sets[4])
-        any_day, any_weekday = parts[2] == "*", parts[4] == "*"
-        if any_weekday and not any(d <= _LONGEST[m] for m in sets[3] for d in sets[2]):
-            raise InvalidArgument(f"cron {expression!r} never matches: no such day in those months")
-        return cls(expression, sets[0], sets[1], sets[2], sets[3], weekdays, any_day, any_weekday)
+    def parse(cls, expression: str, tz: str | None = None) -> Cron:
+        """Check the expression and the zone: refused with InvalidArgument if either is wrong, or if
+        the expression can never match (30 February)."""
+        if not isinstance(expression, str) or not expression.strip():
+            raise InvalidArgument(f"cron must be a string like '*/5 * * * *' or '@daily', not {expression!r}")
+        cron = cls(" ".join(expression.split()), zone_name(tz))
+        fields = cron.fields
+        if len(fields.split()) != 5:
+            raise InvalidArgument(
+                f"cron {expression!r} needs five fields (minute hour day month weekday) or one of "
+                f"{', '.join(ALIASES)}"
+            )
+        try:
+            next(CronSim(fields, datetime(2000, 1, 1, tzinfo=UTC)))
+        except CronSimError as exc:
+            raise InvalidArgument(f"cron {expression!r}: {exc}") from None
+        except StopIteration:
+            raise InvalidArgument(f"cron {expression!r} never matches") from None
+        return cron
 
-    def _day_matches(self, moment: datetime) -> bool:
-        by_date = moment.day in self.days
-        by_weekday = (moment.isoweekday() % 7) in self.weekdays
-        if self.any_day or self.any_weekday:  # cron: a restricted field decides alone
-            return by_date and by_weekday
-        return by_date or by_weekday  # both restricted: either one
+    @property
+    def fields(self) -> str:
+        """The five fields (an alias spelled out)."""
+        return ALIASES.get(self.expression.lower(), self.expression)
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.tz)
 
     def latest(self, at: datetime) -> datetime | None:
-        """The latest matching minute at or before `at` (None if none in reach)."""
-        moment = at.astimezone(UTC).replace(second=0, microsecond=0)
-        for _ in range(MAX_STEPS):
-            if moment.month not in self.months:
-                moment = moment.replace(day=1, hour=0, minute=0) - timedelta(minutes=1)
-            elif not self._day_matches(moment):
-                moment = moment.replace(hour=0, minute=0) - timedelta(minutes=1)
-            elif moment.hour not in self.hours:
-                moment = moment.replace(minute=0) - timedelta(minutes=1)
-            elif moment.minute not in self.minutes:
-                moment -= timedelta(minutes=1)
-            else:
-                return moment
-        return None
+        """The latest slot at or before `at`, in UTC (None if none in reach)."""
+        # cronsim steps back strictly before its start: start a second into `at`'s minute.
+        start = at.astimezone(self.zone).replace(second=0, microsecond=0) + timedelta(seconds=1)
+        return _first(CronSim(self.fields, start, reverse=True))
+
+    def next_after(self, at: datetime) -> datetime | None:
+        """The first slot after `at`, in UTC (None if none in reach)."""
+        return _first(CronSim(self.fields, at.astimezone(self.zone)))
 
     def __str__(self) -> str:
-        return f"cron {self.expression}"
+        return f"cron {self.expression}" + ("" if self.tz == "UTC" else f" ({self.tz})")
 
 
-def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
-    values: set[int] = set()
-    for part in text.split(","):
-        body, _, step_text = part.partition("/")
-        try:
-            step = int(step_text) if step_text else 1
-            if body == "*":
-                start, end = low, high
-            elif "-" in body:
-                start, end = (int(x) for x in body.split("-", 1))
-            else:  # "5/15" is 5, 20, 35, 50: a start with a step runs to the end
-                start = int(body)
-                end = high if step_text else start
-        except ValueError:
-            raise InvalidArgument(f"cron {name} field {text!r} is not a number, range or */step") from None
-        if step < 1 or not (low <= start <= end <= high):
-            raise InvalidArgument(f"cron {name} field {text!r} must stay within {low}-{high}")
-        values.update(range(start, end + 1, step))
-    return frozenset(values)
+def _first(slots: CronSim) -> datetime | None:
+    try:
+        return next(slots).astimezone(UTC)
+    except (StopIteration, CronSimError):
+        return None
 
 
-def make(cron: str | None, every: timedelta | float | None) -> Every | Cron:
-    """The schedule for `@q.periodic(cron=...)` or `@q.periodic(every=...)` (exactly one)."""
+def zone_name(tz: object) -> str:
+    """An IANA time zone name ("Europe/Berlin"), checked; None is UTC."""
+    if tz is None:
+        return "UTC"
+    if not isinstance(tz, str) or not tz.strip():
+        raise InvalidArgument(f"tz must be an IANA time zone name like 'Europe/Berlin', not {tz!r}")
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidArgument(f"unknown time zone {tz!r} (use an IANA name like 'Europe/Berlin')") from None
+    return tz
+
+
+def make(cron: str | None, every: timedelta | float | None, tz: str | None = None) -> Every | Cron:
+    """The schedule for `@q.periodic(cron=..., tz=...)` or `@q.periodic(every=...)` (exactly one)."""
     if (cron is None) == (every is None):
         raise InvalidArgument("periodic takes cron='...' or every=..., exactly one of them")
     if cron is not None:
-        return Cron.parse(cron)
+        return Cron.parse(cron, tz)
+    if tz is not None:
+        raise InvalidArgument("tz applies to cron schedules; every= counts seconds, whatever the zone")
     seconds = every.total_seconds() if isinstance(every, timedelta) else every
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise InvalidArgument(f"every must be a timedelta or seconds, not {every!r}")

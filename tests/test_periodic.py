@@ -214,3 +214,29 @@ def test_a_schedule_belongs_to_the_queue_that_declared_it(tmp_path: Path, clock:
     assert sum(theirs.counts().values()) == 0
     ours.close()
     theirs.close()
+
+
+def test_a_daily_cron_in_berlin_is_enqueued_once_per_day_across_both_dst_changes(
+    make_queue: MakeQueue,
+) -> None:
+    """Three queues tick every ten minutes through March 30 - April 1 and October 26 - 28, 2024 (an
+    injected clock): the 02:30 Berlin job is enqueued once a day, at 03:00 on the spring-forward day
+    and at the first 02:30 on the fall-back day."""
+    found = []
+    for start in (datetime(2024, 3, 29, 23, 0, tzinfo=UTC), datetime(2024, 10, 25, 22, 0, tzinfo=UTC)):
+        clock = nbqueue.ManualClock(start.timestamp())
+        queues = [make_queue(clock=clock) for _ in range(3)]
+        name = f"lr.berlin.{start.month}"
+        declare(queues, lambda: None, cron="30 2 * * *", tz="Europe/Berlin", name=name)
+        for _ in range(3 * 24 * 6):
+            tick_together(queues)
+            clock.advance(600)
+        found += [key.split(":", 2)[2] for key in keys(queues[0]) if name in key]
+    assert found == [
+        "2024-03-30T01:30:00+00:00",  # 02:30 CET
+        "2024-03-31T01:00:00+00:00",  # 03:00 CEST: 02:30 did not exist
+        "2024-04-01T00:30:00+00:00",  # 02:30 CEST
+        "2024-10-26T00:30:00+00:00",  # 02:30 CEST
+        "2024-10-27T00:30:00+00:00",  # the first 02:30 (CEST); not again at 02:30 CET
+        "2024-10-28T01:30:00+00:00",  # 02:30 CET
+    ]

@@ -1,4 +1,5 @@
-"""Schedules: cron expressions (UTC) and `every` intervals, as tables of expected slots."""
+"""Schedules: cron expressions (UTC or a named zone, across daylight saving) and `every`
+intervals, as tables of expected slots."""
 
 from __future__ import annotations
 
@@ -252,3 +253,90 @@ def test_every_evaluates_in_utc() -> None:
     latest = Every(86400).latest(at)
     assert latest == _at("2024-06-09 00:00")  # the UTC midnight, not the local one
     assert latest is not None and latest.tzinfo == UTC
+
+
+# -- names, aliases and time zones (cronsim) --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "at", "latest"),
+    [
+        ("0 9 * * MON-FRI", "2024-06-09 12:00", "2024-06-07 09:00"),  # Sunday: Friday's
+        ("0 9 * * mon-fri", "2024-06-10 09:30", "2024-06-10 09:00"),
+        ("0 0 1 JAN *", "2024-06-01 00:00", "2024-01-01 00:00"),
+        ("@daily", "2024-06-10 12:00", "2024-06-10 00:00"),
+        ("@midnight", "2024-06-10 12:00", "2024-06-10 00:00"),
+        ("@hourly", "2024-06-10 12:34", "2024-06-10 12:00"),
+        ("@weekly", "2024-06-12 12:00", "2024-06-09 00:00"),
+        ("@monthly", "2024-06-12 12:00", "2024-06-01 00:00"),
+        ("@yearly", "2024-06-12 12:00", "2024-01-01 00:00"),
+        ("@annually", "2024-06-12 12:00", "2024-01-01 00:00"),
+    ],
+)
+def test_cron_names_and_aliases(expression: str, at: str, latest: str) -> None:
+    assert Cron.parse(expression).latest(_at(at)) == _at(latest)
+
+
+def berlin(text: str, fold: int = 0) -> datetime:
+    from zoneinfo import ZoneInfo
+
+    return datetime.fromisoformat(text).replace(tzinfo=ZoneInfo("Europe/Berlin"), fold=fold)
+
+
+def run_times(cron: Cron, start: datetime, end: datetime) -> list[str]:
+    """The slots a worker ticking every minute from `start` to `end` enqueues (due_slot's rule)."""
+    from nbqueue.clock import to_us
+    from nbqueue.policy import due_slot
+
+    last: int | None = None
+    fired = []
+    moment = start
+    while moment <= end:
+        slot = due_slot(cron, moment, last)
+        if slot is not None:
+            last = to_us(slot.at.timestamp())
+            if slot.enqueue:
+                fired.append(slot.at.astimezone(berlin("2024-01-01").tzinfo).strftime("%m-%d %H:%M%z"))
+        moment += timedelta(minutes=1)
+    return fired
+
+
+def test_cron_in_a_time_zone_runs_at_local_time() -> None:
+    cron = Cron.parse("0 9 * * MON-FRI", tz="Europe/Berlin")
+    assert cron.latest(_at("2024-06-10 07:30")) == _at("2024-06-10 07:00")  # 09:00 CEST is 07:00 UTC
+    assert cron.latest(_at("2024-12-09 08:30")) == _at("2024-12-09 08:00")  # 09:00 CET is 08:00 UTC
+    assert cron.next_after(_at("2024-06-10 07:00")) == _at("2024-06-11 07:00")
+    assert str(cron) == "cron 0 9 * * MON-FRI (Europe/Berlin)"
+
+
+def test_a_job_in_the_hour_that_spring_forward_skips_runs_once() -> None:
+    # 2024-03-31 in Berlin: 02:00 CET jumps to 03:00 CEST; 02:30 does not exist that day.
+    cron = Cron.parse("30 2 * * *", tz="Europe/Berlin")
+    fired = run_times(cron, berlin("2024-03-30 00:00"), berlin("2024-04-01 12:00"))
+    assert fired == ["03-30 02:30+0100", "03-31 03:00+0200", "04-01 02:30+0200"]
+
+
+def test_a_job_in_the_hour_that_fall_back_repeats_runs_once() -> None:
+    # 2024-10-27 in Berlin: 03:00 CEST falls back to 02:00 CET; 02:30 happens twice.
+    cron = Cron.parse("30 2 * * *", tz="Europe/Berlin")
+    fired = run_times(cron, berlin("2024-10-26 00:00"), berlin("2024-10-28 12:00"))
+    assert fired == ["10-26 02:30+0200", "10-27 02:30+0200", "10-28 02:30+0100"]
+
+
+def test_an_hourly_job_runs_in_each_real_hour_across_a_fall_back() -> None:
+    cron = Cron.parse("15 * * * *", tz="Europe/Berlin")
+    fired = run_times(cron, berlin("2024-10-27 01:00"), berlin("2024-10-27 04:00"))
+    assert fired == ["10-27 01:15+0200", "10-27 02:15+0200", "10-27 02:15+0100", "10-27 03:15+0100"]
+
+
+@pytest.mark.parametrize("tz", ["Mars/Olympus", "", 5, "../etc/passwd"])
+def test_a_bad_time_zone_is_refused(tz: Any) -> None:
+    with pytest.raises(nbqueue.InvalidArgument, match="time zone"):
+        Cron.parse("@daily", tz=tz)
+
+
+def test_tz_with_every_is_refused(tmp_path: Any) -> None:
+    q = nbqueue.Queue(tmp_path / "jobs.db")
+    with pytest.raises(nbqueue.InvalidArgument, match="tz applies to cron"):
+        q.periodic(every=60, tz="Europe/Berlin")
+    q.close()

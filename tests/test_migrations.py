@@ -60,14 +60,20 @@ def postgres_at(server: str, schema: str, version: int) -> None:
 
 
 def check_upgraded(q: nbqueue.Queue) -> None:
-    """The old jobs are there, counted, claimable and requeueable on the upgraded schema."""
+    """The old jobs are there, counted, claimable and requeueable on the upgraded schema; a job
+    keeps files (version 7), and they go when it is deleted."""
     assert q.get(1).payload == {"kept": True}
     assert q.counts()["pending"] == 1 and q.counts()["dead"] == 1
     job = q.claim()
     assert job is not None and job.id == 1
+    assert q.manager.save_file(job, "out.ipynb", "{}")
     q.complete(job, "ok")
     assert q.requeue(None) == 1
     assert q.counts() == {**dict.fromkeys(q.counts(), 0), "completed": 1, "pending": 1}
+    assert q.manager.file_names([1, 2]) == {1: ["out.ipynb"]}
+    assert q.delete(1) == 1
+    assert q.manager.load_file(1, "out.ipynb") is None
+    assert q.counts() == {**dict.fromkeys(q.counts(), 0), "pending": 1}
 
 
 @pytest.mark.parametrize("version", range(1, sqlite_queries.SCHEMA_VERSION))

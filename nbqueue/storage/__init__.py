@@ -151,6 +151,19 @@ class Storage(Protocol):
         """Forget the steps that finished at or after `since`; how many."""
         ...
 
+    def save_file(self, job_id: int, attempt: int, name: str, content: str, now: int | None) -> bool:
+        """Write (or replace) the job's file `name` under the live lease of claim `attempt`; True if
+        written, False (nothing written) if that claim is gone."""
+        ...
+
+    def load_file(self, job_id: int, name: str) -> str | None:
+        """The content of the job's file `name`, or None if it has none."""
+        ...
+
+    def file_names(self, job_ids: Sequence[int]) -> dict[int, list[str]]:
+        """The names of the files each of these jobs has, sorted (jobs without files left out)."""
+        ...
+
     def replay(self, job_id: int, since: int, now: int | None) -> bool:
         """In one transaction: move a finished job back to pending (a requeue; a completed job too)
         with its graph, and forget its steps that finished at or after `since`. False (nothing

@@ -378,6 +378,20 @@ class PostgresStorage:
     def forget_steps(self, job_id: int, since: int) -> int:
         return len(self._rows(sql.FORGET_STEPS, {"id": job_id, "since": since}))
 
+    def save_file(self, job_id: int, attempt: int, name: str, content: str, now: int | None) -> bool:
+        params = {"id": job_id, "attempt": attempt, "name": name, "content": content, "now": now}
+        return self._one(sql.SAVE_FILE, params, lost=sql.FILE_SAVED) is not None
+
+    def load_file(self, job_id: int, name: str) -> str | None:
+        row = self._one(sql.LOAD_FILE, {"id": job_id, "name": name})
+        return None if row is None else str(row[0])
+
+    def file_names(self, job_ids: Sequence[int]) -> dict[int, list[str]]:
+        found: dict[int, list[str]] = {}
+        for job_id, name in self._rows(sql.FILE_NAMES, {"ids": list(job_ids)}):
+            found.setdefault(int(job_id), []).append(str(name))
+        return {job_id: sorted(names) for job_id, names in found.items()}
+
     def replay(self, job_id: int, since: int, now: int | None) -> bool:
         params: Params = {"ids": [job_id], "now": now, "channel": self.channel, "wake": True}
 

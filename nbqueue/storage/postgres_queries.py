@@ -25,7 +25,7 @@ from .rules import (
     status_in,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
@@ -151,6 +151,11 @@ MIGRATIONS: dict[int, list[str]] = {
         "PRIMARY KEY (job_id, name))",
         "CREATE TABLE {s}.nbqueue_workflows "
         "(id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, created_at BIGINT NOT NULL)",
+    ],
+    # Files a job keeps (the same meaning as SQLite's version 7); deleted with the job.
+    7: [
+        "CREATE TABLE {s}.nbqueue_files (job_id BIGINT NOT NULL, name TEXT NOT NULL, content TEXT NOT NULL, "
+        "attempt INTEGER NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY (job_id, name))",
     ],
 }
 
@@ -293,6 +298,20 @@ STEPS = (
     "ORDER BY finished_at, name"
 )
 FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = %(id)s AND finished_at >= %(since)s RETURNING 1"
+# A file is written (or replaced) only under the caller's live lease: a stale worker writes nothing.
+SAVE_FILE = (
+    f"WITH {CLOCK} INSERT INTO nbqueue_files (job_id, name, content, attempt, updated_at) "
+    "SELECT %(id)s, %(name)s, %(content)s, %(attempt)s, c.now FROM nbqueue_jobs, c "
+    f"WHERE {LIVE_CLAIM} AND lease_until > c.now ON CONFLICT (job_id, name) DO UPDATE SET "
+    "content = excluded.content, attempt = excluded.attempt, updated_at = excluded.updated_at RETURNING 1"
+)
+# After a lost reply: is the file there as that write left it?
+FILE_SAVED = (
+    "SELECT 1 FROM nbqueue_files WHERE job_id = %(id)s AND name = %(name)s AND attempt = %(attempt)s "
+    "AND content = %(content)s"
+)
+LOAD_FILE = "SELECT content FROM nbqueue_files WHERE job_id = %(id)s AND name = %(name)s"
+FILE_NAMES = f"SELECT job_id, name FROM nbqueue_files WHERE job_id = {IDS} ORDER BY job_id, name"
 # A job with children finishes in a transaction that also resolves them (storage/cascade.py):
 # the one-statement paths below leave it alone (`has_children = 0`), and the storage then
 # takes the transactional path (the *_LINKED statements).
@@ -533,9 +552,10 @@ GET_MANY = f"{SELECT_JOBS} WHERE id = ANY(%(ids)s::bigint[])"
 EXPIRED = (
     f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= {NOW} ORDER BY lease_until LIMIT %(limit)s"
 )
-# A deleted job's steps and edges go with it.
+# A deleted job's steps, files and edges go with it.
 _FORGET_GONE = (
     "steps AS (DELETE FROM nbqueue_steps WHERE job_id IN (SELECT id FROM gone)), "
+    "files AS (DELETE FROM nbqueue_files WHERE job_id IN (SELECT id FROM gone)), "
     "parents AS (DELETE FROM nbqueue_edges WHERE parent IN (SELECT id FROM gone)), "
     "children AS (DELETE FROM nbqueue_edges WHERE child IN (SELECT id FROM gone))"
 )

@@ -322,6 +322,17 @@ class SQLiteStorage:
     def forget_steps(self, job_id: int, since: int) -> int:
         return self._change(sql.FORGET_STEPS, {"id": job_id, "since": since})
 
+    def save_file(self, job_id: int, attempt: int, name: str, content: str, now: int | None) -> bool:
+        params = {"id": job_id, "attempt": attempt, "name": name, "content": content, "now": _stamp(now)}
+        return self._change(sql.SAVE_FILE, params) == 1
+
+    def load_file(self, job_id: int, name: str) -> str | None:
+        rows = self._read(sql.LOAD_FILE, {"id": job_id, "name": name})
+        return str(rows[0][0]) if rows else None
+
+    def file_names(self, job_ids: Sequence[int]) -> dict[int, list[str]]:
+        return _names_by_job(self._read(sql.FILE_NAMES, {"ids": _ids(job_ids)}))
+
     def replay(self, job_id: int, since: int, now: int | None) -> bool:
         now = _stamp(now)
 
@@ -701,6 +712,14 @@ def _runner(conn: sqlite3.Connection) -> cascade.Run:
         return rows
 
     return run
+
+
+def _names_by_job(rows: Sequence[tuple[Any, ...]]) -> dict[int, list[str]]:
+    """(job_id, name) rows as each job's sorted names."""
+    found: dict[int, list[str]] = {}
+    for job_id, name in rows:
+        found.setdefault(int(job_id), []).append(str(name))
+    return {job_id: sorted(names) for job_id, names in found.items()}
 
 
 @functools.lru_cache(maxsize=64)

@@ -23,7 +23,7 @@ from .rules import (
     status_in,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 # The job columns as of version 5, copied when version 6 rebuilds the table.
 COLS_V5 = (
@@ -178,6 +178,21 @@ MIGRATIONS: dict[int, str] = {
     );
     CREATE TRIGGER nbqueue_forget AFTER DELETE ON nbqueue_jobs BEGIN
         DELETE FROM nbqueue_steps WHERE job_id = old.id;
+        DELETE FROM nbqueue_edges WHERE parent = old.id;
+        DELETE FROM nbqueue_edges WHERE child = old.id;
+    END;
+    """,
+    # Files a job keeps (a notebook job's executed notebook), written under its claim; they
+    # go with the job, so nbqueue_forget is made again to delete them too.
+    7: """
+    CREATE TABLE nbqueue_files (
+        job_id INTEGER NOT NULL, name TEXT NOT NULL, content TEXT NOT NULL, attempt INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL, PRIMARY KEY (job_id, name)
+    ) WITHOUT ROWID;
+    DROP TRIGGER nbqueue_forget;
+    CREATE TRIGGER nbqueue_forget AFTER DELETE ON nbqueue_jobs BEGIN
+        DELETE FROM nbqueue_steps WHERE job_id = old.id;
+        DELETE FROM nbqueue_files WHERE job_id = old.id;
         DELETE FROM nbqueue_edges WHERE parent = old.id;
         DELETE FROM nbqueue_edges WHERE child = old.id;
     END;
@@ -399,6 +414,15 @@ STEPS = (
     "ORDER BY finished_at, name"
 )
 FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = :id AND finished_at >= :since"
+# A file is written (or replaced) only under the caller's live lease: a stale worker writes nothing.
+SAVE_FILE = (
+    "INSERT INTO nbqueue_files (job_id, name, content, attempt, updated_at) "
+    "SELECT :id, :name, :content, :attempt, :now FROM nbqueue_jobs "
+    f"WHERE {LIVE_CLAIM} AND lease_until > :now ON CONFLICT (job_id, name) DO UPDATE SET "
+    "content = excluded.content, attempt = excluded.attempt, updated_at = excluded.updated_at"
+)
+LOAD_FILE = "SELECT content FROM nbqueue_files WHERE job_id = :id AND name = :name"
+FILE_NAMES = f"SELECT job_id, name FROM nbqueue_files WHERE job_id IN {IDS} ORDER BY job_id, name"
 
 
 HEARTBEAT = (
@@ -472,7 +496,7 @@ PERIODIC_MOVE = "UPDATE nbqueue_periodic SET last_slot = :slot WHERE name = :nam
 GET = f"{SELECT_JOBS} WHERE id = :id"
 GET_MANY = f"{SELECT_JOBS} WHERE id IN {IDS}"
 EXPIRED = f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= :now ORDER BY lease_until LIMIT :limit"
-# A deleted job's steps and edges go with it (the nbqueue_forget trigger).
+# A deleted job's steps, files and edges go with it (the nbqueue_forget trigger).
 DELETE = f"DELETE FROM nbqueue_jobs WHERE id IN {IDS} AND {FINISHED_SQL} AND NOT {PARENT_NEEDED}"
 PURGE = (
     "DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs WHERE updated_at < :before "

@@ -29,6 +29,7 @@ from .errors import (
     WaitTimeout,
 )
 from .jobs import Job, Progress, State, Verdict
+from .notebooks import CellFailed, NotebookError, output
 from .queue import Queue
 from .retry import Backoff, RetryAfter
 from .steps import step
@@ -44,6 +45,7 @@ logging.getLogger("nbqueue").addHandler(logging.NullHandler())
 __all__ = [
     "Backoff",
     "Cancelled",
+    "CellFailed",
     "DamagedJob",
     "DatabaseFull",
     "ForeignLoopError",
@@ -57,6 +59,7 @@ __all__ = [
     "MissingDependency",
     "NbqueueError",
     "NotAQueueDatabase",
+    "NotebookError",
     "Outcome",
     "PayloadError",
     "Progress",
@@ -75,6 +78,7 @@ __all__ = [
     "Workflow",
     "__version__",
     "cancelled",
+    "output",
     "per_loop",
     "progress",
     "result_of",

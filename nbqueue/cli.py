@@ -1,4 +1,5 @@
-"""The `nbqueue` command: worker, stats, jobs, graph, steps, requeue, cancel, purge; thin over Queue."""
+"""The `nbqueue` command: worker, notebook, stats, jobs, graph, steps, requeue, cancel, purge;
+thin over Queue."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from typing import Any
 from .clock import MAX_SECONDS
 from .errors import NbqueueError
 from .jobs import State
+from .notebooks import parameter
 from .queue import Queue
 from .targets import ENVIRONMENT, mask_in, redact
 
 COMMANDS = {
     "worker": "run jobs until SIGINT/SIGTERM (the running job finishes or is released)",
+    "notebook": "queue a run of a notebook with parameters (a worker with --allow-code runs it)",
     "stats": "count the jobs in each state",
     "jobs": "list jobs, newest first",
     "graph": "the jobs linked to a job by after= (its workflow's graph), with their parents",
@@ -86,7 +89,13 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--allow-code",
         action="store_true",
-        help="also run notebook code jobs (%%%%enqueue cells): only for trusted queues",
+        help="also run queued code (%%%%enqueue cells, notebook jobs): only for trusted queues",
+    )
+    w.add_argument(
+        "--notebook-dir",
+        default=None,
+        help="where notebook jobs' executed notebooks go (default: nbqueue-notebooks/ beside a "
+        "SQLite file, else in the working folder)",
     )
     w.add_argument(
         "--mode",
@@ -101,6 +110,22 @@ def parser() -> argparse.ArgumentParser:
         help="prune completed jobs older than this (like 7d); dead jobs are kept",
     )
     w.add_argument("--verbose", "-v", action="store_true", help="log each job")
+    nb = cmd["notebook"]
+    nb.add_argument("path", help="the .ipynb file (copied into the job now)")
+    nb.add_argument(
+        "--parameter",
+        "-p",
+        dest="parameters",
+        action="append",
+        default=[],
+        type=parameter,
+        metavar="NAME=VALUE",
+        help="a parameter (repeatable); a value that reads as JSON is that value (n=21 is a number)",
+    )
+    nb.add_argument("--timeout", type=duration, default=None, help="kill the run after this long")
+    nb.add_argument("--max-retries", type=int, default=None, help="retries after a failed run")
+    nb.add_argument("--html", action="store_true", help="also export the executed notebook as HTML")
+    nb.add_argument("--queue", "-q", default=None, help="the queue name (default: default)")
     j = cmd["jobs"]
     j.add_argument("--status", "-s", choices=[s.value for s in State], help="only this state")
     j.add_argument("--queue", "-q", help="only this queue")
@@ -163,16 +188,14 @@ def _worker(queue: Queue, args: argparse.Namespace) -> int:
             print(f"nbqueue: error: cannot import {module}: {exc}", file=sys.stderr)
             return 2
     from . import tasks as registry  # noqa: PLC0415
-    from .cells import register_cell_task  # noqa: PLC0415
 
-    if args.allow_code:  # notebook cells queued with %%enqueue: run them in a fresh namespace
-        register_cell_task(queue.manager)
-    allow = registry.opt_in_names() if args.allow_code else ()
     worker = queue.worker(
         queues=args.queues,
         concurrency=args.concurrency,
         lease=args.lease,
-        allow=allow,
+        allow=registry.opt_in_names() if args.allow_code else (),
+        allow_code=args.allow_code,  # %%enqueue cells (in a fresh namespace) and notebook jobs
+        notebook_dir=args.notebook_dir,
         mode=args.mode,
         retention=args.retention,
     )
@@ -199,6 +222,19 @@ def _worker(queue: Queue, args: argparse.Namespace) -> int:
     print(
         f"nbqueue worker stopped: {status['completed']} completed, {status['failed']} failed", file=sys.stderr
     )
+    return 0
+
+
+def _notebook(queue: Queue, args: argparse.Namespace) -> int:
+    options: dict[str, Any] = {"timeout": args.timeout}
+    if args.max_retries is not None:
+        options["max_retries"] = args.max_retries
+    if args.queue is not None:
+        options["queue"] = args.queue
+    job = queue.enqueue_notebook(
+        args.path, dict(args.parameters), outputs=("ipynb", "html") if args.html else ("ipynb",), **options
+    )
+    print(f"queued notebook job {job.id} ({args.path})")
     return 0
 
 
@@ -317,6 +353,7 @@ def _purge(queue: Queue, args: argparse.Namespace) -> int:
 
 _COMMANDS = {
     "worker": _worker,
+    "notebook": _notebook,
     "stats": _stats,
     "jobs": _jobs,
     "graph": _graph,

@@ -107,6 +107,7 @@ class JobContext:
     cancel: threading.Event = field(default_factory=threading.Event)
     made: dict[str, int] = field(default_factory=dict)  # calls it queued (workflows.origin_of)
     steps: StepBook | None = None  # its durable steps (nbqueue.step); None: steps are plain calls
+    save_file: Callable[[str, str], bool] | None = None  # stores a file with the job (notebook jobs)
     last_write: float = float("-inf")
     last_check: float = float("-inf")
 

@@ -14,6 +14,8 @@ from .clock import from_us
 from .errors import DamagedJob, InvalidArgument, InvalidTransition
 from .retry import Backoff
 
+NOTEBOOK_FILE = "notebook.ipynb"  # a notebook job's executed notebook, among its stored files
+
 
 class State(StrEnum):
     """Where a job is in its life."""
@@ -135,6 +137,10 @@ class JobSource(Protocol):
 
     def relatives(self, job_id: int) -> tuple[list[int], list[int]]:
         """The ids of the job's parents (what it waits for, after=) and of its children."""
+        ...
+
+    def load_file(self, job_id: int, name: str) -> str | None:
+        """A file stored with the job (a notebook job's executed notebook), or None."""
         ...
 
 
@@ -262,6 +268,18 @@ class Job:
     def children(self) -> list[int]:
         """The ids of the jobs that wait for this one."""
         return self._bound().relatives(self.id)[1]
+
+    def notebook(self) -> dict[str, Any] | None:
+        """A notebook job's executed notebook, read from the database (any machine can): the
+        whole run, or as far as it got when a cell failed. None before a run has written one."""
+        text = self._bound().load_file(self.id, NOTEBOOK_FILE)
+        if text is None:
+            return None
+        try:
+            import nbformat  # noqa: PLC0415  (a NotebookNode: nbformat.write() takes it as is)
+        except ImportError:
+            return json.loads(text)  # type: ignore[no-any-return]
+        return nbformat.reads(text, as_version=4)  # type: ignore[no-any-return]
 
     def __await__(self) -> Generator[Any, None, Any]:
         """`value = await job` in a notebook cell or a coroutine: the result once it finishes

@@ -609,6 +609,24 @@ class JobManager:
         """A job's recorded steps: name, value, error, attempt, started_at, finished_at."""
         return self.storage.steps(check_id(job_id))
 
+    def save_file(self, job: Job, name: str, content: str) -> bool:
+        """Keep a file with this claim of `job` (replacing one of that name); False (nothing
+        written) once the claim is gone."""
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"a file name is a non-empty string, not {name!r}")
+        if not isinstance(content, str):
+            raise InvalidArgument(f"a file's content is a string, not {type(content).__name__}")
+        return self.storage.save_file(job.id, job.attempts, name, content, self.stamp())
+
+    def load_file(self, job_id: int, name: str) -> str | None:
+        """The content of a job's file `name`, or None if it has none."""
+        return self.storage.load_file(check_id(job_id), name)
+
+    def file_names(self, job_ids: Sequence[int]) -> dict[int, list[str]]:
+        """The names of each job's files, sorted, for the jobs that have any."""
+        ids = [check_id(i) for i in job_ids]
+        return self.storage.file_names(ids) if ids else {}
+
     def replay(self, job_id: int, from_step: str | None) -> Job:
         """Forget a job's steps from `from_step` on (None: all) and run it again: a finished job
         goes back to pending (with its graph, like a requeue); a waiting one just forgets them."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, Unpack, overload
 
-from . import frames, targets, waiting
+from . import frames, notebooks, targets, waiting
 from . import schedule as schedules
 from . import tasks as registry
 from .clock import Clock, Duration, seconds, to_us
@@ -208,6 +208,37 @@ class Queue:
         Options: queue, priority, delay or run_at, key, max_retries, timeout.
         """
         return self.manager.enqueue_payload(payload, options)
+
+    def enqueue_notebook(
+        self,
+        path: str | os.PathLike[str],
+        parameters: Mapping[str, Any] | None = None,
+        *,
+        outputs: str | Sequence[str] = ("ipynb",),
+        output_dir: str | os.PathLike[str] | None = None,
+        **options: Unpack[JobArgs],
+    ) -> Job:
+        """Queue a run of the notebook at `path`, in a fresh kernel, as one job.
+
+        `parameters` are injected papermill's way (after the cell tagged ``parameters``).
+        The notebook is copied into the job now: later edits do not change this run. The
+        worker (started with ``allow_code=True``) writes the executed notebook, after every
+        cell, to `output_dir` (default: its own folder setting) and keeps it with the job
+        (`job.notebook()`); ``outputs=("ipynb", "html")`` adds an HTML export. The result
+        is ``{"values": {...}, "notebook": path}`` (and ``"html"``), the values being what
+        the notebook gave ``nbqueue.output(name, value)``. A cell that raises fails the
+        job, naming the cell (counted from 0). Options as for `enqueue`: timeout (the
+        kernel is killed), max_retries, after, limits, queue, priority, key...
+        """
+        kwargs = {
+            "notebook": notebooks.read(path),
+            "parameters": notebooks.check_parameters(parameters),
+            "source": os.path.abspath(path),
+            "outputs": notebooks.check_outputs(outputs),
+            "output_dir": None if output_dir is None else os.path.abspath(output_dir),
+        }
+        task = registry.find(notebooks.NOTEBOOK_TASK) or notebooks.notebook_task(self.manager)
+        return self.manager.enqueue_call(task, (), kwargs, options)
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Unpack[JobArgs]) -> list[int]:
         """Add many raw payload jobs in one transaction: all are written, or none."""

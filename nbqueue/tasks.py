@@ -43,6 +43,7 @@ class Task(Generic[P, R]):
     backoff: Backoff | None = None
     opt_in: bool = False  # run only by workers that allow it by name (notebook code jobs)
     signed: bool = False  # run only jobs this user's processes queued (nbqueue.signing)
+    own_process: bool = False  # it starts (and kills) a child itself: process mode runs it in a thread
     retry_on: tuple[type[BaseException], ...] | None = None  # only these errors are retried
     give_up_on: tuple[type[BaseException], ...] = ()  # these errors are dead at once
     on_complete: Callable[[Job], object] | None = None  # called after the outcome is committed

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import cells, notebooks
 from . import tasks as registry
 from .aio import JobLoop, foreign_loop
 from .capture import captured, tail
@@ -93,6 +94,10 @@ class Worker:
         retention: prune completed jobs older than this, in small batches (None: keep).
         tasks: task names this worker may run (None = every registered task
             that does not need an opt-in, plus those in `allow`).
+        allow_code: also run queued code: ``%%enqueue`` cells and notebook jobs
+            (only those this user's processes queued: they are signed).
+        notebook_dir: where notebook jobs' executed notebooks are written (default:
+            ``nbqueue-notebooks`` beside a SQLite queue file, else in the working folder).
         async_concurrency: how many coroutine jobs may be in flight at once, on the
             worker's own event loop (they hold no thread while they await).
     """
@@ -108,6 +113,8 @@ class Worker:
         retention: Duration | None = None,
         tasks: Sequence[str] | None = None,
         allow: Sequence[str] = (),
+        allow_code: bool = False,
+        notebook_dir: str | os.PathLike[str] | None = None,
         worker_id: str | None = None,
         recover_interval: Duration | None = None,
         async_concurrency: int = 64,
@@ -130,6 +137,11 @@ class Worker:
         self.lease = lease_s
         self.tasks = None if tasks is None else tuple(tasks)
         self.allow = tuple(allow)
+        if allow_code:  # queued code: %%enqueue cells and notebook jobs (signed, so only this user's)
+            if registry.find(cells.CELL_TASK) is None:
+                cells.register_cell_task(self.manager)
+            notebooks.notebook_task(self.manager, notebook_dir)
+            self.allow += (cells.CELL_TASK, notebooks.NOTEBOOK_TASK)
         self.worker_id = worker_id or default_worker_id()
         self.recover_interval = seconds(recover_interval, "recover_interval") or max(
             0.05, min(self.lease / 4, 10.0)
@@ -363,7 +375,11 @@ class Worker:
             return manager.record_progress(job, done, total, message)
 
         context = JobContext(
-            job, report, still_claimed=lambda: not manager.lost_claims([job]), steps=manager.step_book(job)
+            job,
+            report,
+            still_claimed=lambda: not manager.lost_claims([job]),
+            steps=manager.step_book(job),
+            save_file=lambda name, content: manager.save_file(job, name, content),
         )
         flight = Flight(job, time.monotonic(), context)
         with self._state:
@@ -375,7 +391,7 @@ class Worker:
         handler = None
         try:
             handler = registry.lookup(job.task or "")
-            if self.mode == "process":
+            if self.mode == "process" and not handler.own_process:
                 check_arguments(handler.fn, job)
                 outcome = run_in_child(job, handler.fn, context, job.timeout)
                 buffer.write(outcome.output or "")

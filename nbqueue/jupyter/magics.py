@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .. import cells
+from .. import cells, notebooks
 from .. import tasks as registry
 from ..errors import NbqueueError
 from ..jobs import UNFINISHED, Job, State
@@ -62,8 +62,12 @@ class Session:
         if self.worker is not None and self.worker.running:
             return self.worker
         self.adopt_functions()
+        notebooks.notebook_task(queue.manager)  # notebook jobs this kernel's user queued (signed)
         self.worker = queue.worker(
-            queues=queues, concurrency=concurrency, lease=lease, allow=[cells.CELL_TASK]
+            queues=queues,
+            concurrency=concurrency,
+            lease=lease,
+            allow=[cells.CELL_TASK, notebooks.NOTEBOOK_TASK],
         ).start()
         return self.worker
 
@@ -192,17 +196,43 @@ class NbqueueMagics(Magics):
     @magic_arguments(name="enqueue")
     @_options
     @argument("--wait", "-w", action="store_true", help="block until the job finishes")
+    @argument("--notebook", default=None, help="queue a run of this notebook instead of a call")
+    @argument(
+        "--parameter",
+        action="append",
+        default=[],
+        type=notebooks.parameter,
+        help="a notebook parameter: NAME=VALUE (with --notebook, -p means this, not --priority)",
+    )
     @argument("call", nargs="*", help="a call: f(args)")
     @no_var_expand  # the call is Python: {x} and $x must reach it as written
     @line_magic("enqueue")
     def enqueue_line(self, line: str) -> Job:
-        """%enqueue [options] f(args): queue a call of a notebook function; returns the Job."""
+        """%enqueue [options] f(args): queue a call of a notebook function; returns the Job.
+
+        ``%enqueue --notebook PATH -p name=value`` queues a run of a whole notebook instead.
+        """
         parser = self.enqueue_line.parser
         options, source = _split_options(line, parser)
+        if "--notebook" in options or any(option.startswith("--notebook=") for option in options):
+            # papermill's habit: -p name=value; a call's -p stays its priority
+            options = ["--parameter" if option == "-p" else option for option in options]
         args = parser.parse_args(options)
         if args.call:
             raise UsageError(f"%enqueue: unexpected {' '.join(args.call)!r} before the call")
         source = source.strip()
+        if args.notebook is not None:
+            if source:
+                raise UsageError(f"%enqueue --notebook takes no call; {source!r} is left over")
+            try:
+                job = self.session.current().enqueue_notebook(
+                    args.notebook, dict(args.parameter), **from_flags(args)
+                )
+            except NbqueueError as exc:
+                raise UsageError(f"%enqueue --notebook: {exc}") from None
+            return self._maybe_wait(job, args.wait)
+        if args.parameter:
+            raise UsageError("%enqueue: --parameter gives a notebook's parameters; use it with --notebook")
         if not source:
             raise UsageError("%enqueue needs a call, like: %enqueue fetch('https://example.org')")
         task, call_args, call_kwargs = self._parse_call(source)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import html
 import json
 import logging
+import os
 import threading
 from typing import Any
 
 import ipywidgets as widgets
 
+from .. import notebooks
 from ..dag import COLOURS, short, svg
 from ..errors import NbqueueError
 from ..frames import last_line
@@ -206,6 +208,38 @@ def graph_html(queue: Queue, of: Workflow | Planned | Job | int, title: str = ""
     return svg(queue.manager.graph(of), title)
 
 
+def notebook_line(job: Job) -> str:
+    """A notebook job's executed notebook as a link (JupyterLab opens a relative link in a tab,
+    so the path is made relative to this kernel's folder when it lies below it) and the cell
+    that failed."""
+    path = notebooks.executed_path(job)
+    if path is None:
+        return ""
+    relative = os.path.relpath(path)
+    shown = html.escape(os.path.basename(path))
+    link = (
+        f"<a href='{html.escape(relative)}' target='_blank' title='{html.escape(path)}'>{shown}</a>"
+        if not relative.startswith("..")
+        else f"<code>{html.escape(path)}</code>"
+    )
+    cell = notebooks.failed_cell(job)
+    failed = (
+        "" if cell is None else f" · <span style='color:{COLOURS[State.DEAD]}'>failed at cell {cell}</span>"
+    )
+    return f"<div class='nbqueue-notebook'><b>executed notebook</b> {link}{failed}</div>"
+
+
+def _payload(job: Job) -> str:
+    """The payload as JSON; a notebook job's pinned notebook is summarised, not dumped."""
+    payload = job.payload
+    if job.task == notebooks.NOTEBOOK_TASK and isinstance(payload, dict):
+        kwargs = dict(payload.get("kwargs") or {})
+        cells = (kwargs.get("notebook") or {}).get("cells") or []
+        kwargs["notebook"] = f"(pinned at enqueue: {len(cells)} cells)"
+        payload = {**payload, "kwargs": kwargs}
+    return json.dumps(payload, indent=2, ensure_ascii=False)
+
+
 def job_detail(job: Job | None, extra: str = "") -> str:
     """Everything about one job: payload, result, error traceback, attempts, output; `extra`
     (its family and steps) after the facts."""
@@ -231,8 +265,9 @@ def job_detail(job: Job | None, extra: str = "") -> str:
     )
     return (
         f"<div class='nbqueue-detail' data-job-id='{job.id}'>{facts}"
+        + notebook_line(job)
         + extra
-        + block("payload", json.dumps(job.payload, indent=2, ensure_ascii=False))
+        + block("payload", _payload(job))
         + block("result", job.result_json)
         + block("error", job.error)
         + block("output", job.output)

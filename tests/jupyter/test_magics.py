@@ -569,3 +569,58 @@ def test_enqueue_runs_an_async_notebook_function_with_limits(ip: Any) -> None:
         assert finished(q, job.id).value == "HI"
     finally:
         ip.run_line_magic("worker", "stop")
+
+
+def _notebook(path: Path) -> Path:
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}}
+    )
+    notebook.cells = [
+        nbformat.v4.new_code_cell('region = "nowhere"', metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("import nbqueue\nnbqueue.output('region', region)"),
+    ]
+    nbformat.write(notebook, path)
+    return path
+
+
+def test_enqueue_notebook_takes_papermill_style_parameters_and_the_job_options(
+    ip: Any, tmp_path: Path
+) -> None:
+    _notebook(tmp_path / "report.ipynb")
+    job = ip.run_line_magic(
+        "enqueue", "--notebook report.ipynb -p region=eu -p n=3 --priority 7 --timeout 60"
+    )
+    assert job.task == "nbqueue.notebook"
+    assert job.kwargs["parameters"] == {"region": "eu", "n": 3}
+    assert (job.priority, job.timeout) == (7, 60)
+    assert job.kwargs["source"] == str(tmp_path / "report.ipynb")
+    quoted = ip.run_line_magic("enqueue", "--notebook 'report.ipynb' -p 'title=a b'")
+    assert quoted.kwargs["parameters"] == {"title": "a b"}
+
+
+def test_enqueue_notebook_refusals_queue_nothing(ip: Any, tmp_path: Path) -> None:
+    _notebook(tmp_path / "report.ipynb")
+    ip.run_line_magic("nbqueue", "jobs.db")
+    for line, said in [
+        ("--notebook missing.ipynb", "no notebook at"),
+        ("--notebook report.ipynb f(1)", "takes no call"),
+        ("--notebook report.ipynb -p 1x=2", "Python identifier"),
+        ("--parameter a=1 f(1)", "use it with --notebook"),
+    ]:
+        with pytest.raises(UsageError, match=said):
+            ip.run_line_magic("enqueue", line)
+    assert sum(Queue(str(tmp_path / "jobs.db")).counts().values()) == 0
+
+
+@pytest.mark.slow
+def test_the_kernel_worker_runs_the_notebook_jobs_it_queued(ip: Any, tmp_path: Path) -> None:
+    _notebook(tmp_path / "report.ipynb")
+    job = ip.run_line_magic("enqueue", "--notebook report.ipynb -p region=eu")
+    ip.run_line_magic("worker", "start")
+    try:
+        assert job.result(timeout=120)["values"] == {"region": "eu"}
+    finally:
+        ip.run_line_magic("worker", "stop")
+    assert (tmp_path / "nbqueue-notebooks" / f"report-{job.id}.ipynb").exists()

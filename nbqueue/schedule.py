@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -51,6 +52,11 @@ class Every:
     def latest(self, at: datetime) -> datetime | None:
         """The latest slot at or before `at`."""
         stamp = math.floor(at.timestamp() / self.seconds) * self.seconds
+        return datetime.fromtimestamp(stamp, UTC)
+
+    def next_after(self, at: datetime) -> datetime | None:
+        """The first slot after `at`."""
+        stamp = (math.floor(at.timestamp() / self.seconds) + 1) * self.seconds
         return datetime.fromtimestamp(stamp, UTC)
 
     def __str__(self) -> str:
@@ -126,6 +132,20 @@ def zone_name(tz: object) -> str:
     except (ZoneInfoNotFoundError, ValueError):
         raise InvalidArgument(f"unknown time zone {tz!r} (use an IANA name like 'Europe/Berlin')") from None
     return tz
+
+
+def to_spec(schedule: Every | Cron) -> dict[str, Any]:
+    """A schedule as JSON, to keep it in the database."""
+    if isinstance(schedule, Every):
+        return {"every": schedule.seconds}
+    return {"cron": schedule.expression, "tz": schedule.tz}
+
+
+def from_spec(spec: dict[str, Any]) -> Every | Cron:
+    """The schedule `to_spec` wrote (checked again: a row may have been edited by hand)."""
+    if "every" in spec:
+        return make(None, spec["every"])
+    return make(spec.get("cron"), None, spec.get("tz"))
 
 
 def make(cron: str | None, every: timedelta | float | None, tz: str | None = None) -> Every | Cron:

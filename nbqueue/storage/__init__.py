@@ -49,6 +49,17 @@ class NewJob:
     workflow: int | None = None  # the workflow it was made in
 
 
+class StoredSchedule(NamedTuple):
+    """A schedule kept in the database: which task it enqueues with what, when, and how."""
+
+    name: str
+    task: str
+    payload: str  # the job's JSON body: {"args": [...], "kwargs": {...}}
+    spec: str  # JSON: {"cron": ..., "tz": ...} or {"every": seconds}
+    options: str  # JSON: the jobs' options (queue, priority, max_retries, timeout)
+    signature: str | None  # over task and payload (nbqueue.signing): a forged row is not run
+
+
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """A durable step's outcome, recorded under the claim (job id and attempt) that ran it."""
@@ -257,6 +268,22 @@ class Storage(Protocol):
     def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
         """A claimed job whose signature does not verify -> pending, its signature removed (so it
         is never claimed as signed again), with `error` saying why it does not run."""
+        ...
+
+    def save_schedule(self, schedule: StoredSchedule, now: int | None) -> None:
+        """Keep a schedule (replacing one of that name)."""
+        ...
+
+    def schedules(self) -> list[StoredSchedule]:
+        """Every stored schedule, by name."""
+        ...
+
+    def delete_schedule(self, name: str) -> bool:
+        """Forget a stored schedule and its last slot; False if there was none."""
+        ...
+
+    def repin(self, job_id: int, old: str, payload: str, signature: str | None) -> bool:
+        """Replace a dead or cancelled job's payload (and signature), only if it is still `old`."""
         ...
 
     def sign(self, job_id: int, payload: str, signature: str) -> bool:

@@ -34,7 +34,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, cascade
+from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, StoredSchedule, cascade
 from . import postgres_queries as sql
 
 try:
@@ -381,6 +381,19 @@ class PostgresStorage:
     def save_file(self, job_id: int, attempt: int, name: str, content: str, now: int | None) -> bool:
         params = {"id": job_id, "attempt": attempt, "name": name, "content": content, "now": now}
         return self._one(sql.SAVE_FILE, params, lost=sql.FILE_SAVED) is not None
+
+    def save_schedule(self, schedule: StoredSchedule, now: int | None) -> None:
+        self._rows(sql.SAVE_SCHEDULE, {**schedule._asdict(), "now": now})  # an upsert: safe to repeat
+
+    def schedules(self) -> list[StoredSchedule]:
+        return [StoredSchedule(*row) for row in self._rows(sql.SCHEDULES)]
+
+    def delete_schedule(self, name: str) -> bool:
+        return self._one(sql.DELETE_SCHEDULE, {"name": name}, lost=sql.SCHEDULE_GONE) is not None
+
+    def repin(self, job_id: int, old: str, payload: str, signature: str | None) -> bool:
+        params = {"id": job_id, "old": old, "payload": payload, "signature": signature}
+        return self._one(sql.REPIN, params, lost=sql.REPINNED) is not None
 
     def load_file(self, job_id: int, name: str) -> str | None:
         row = self._one(sql.LOAD_FILE, {"id": job_id, "name": name})

@@ -156,6 +156,9 @@ MIGRATIONS: dict[int, list[str]] = {
     7: [
         "CREATE TABLE {s}.nbqueue_files (job_id BIGINT NOT NULL, name TEXT NOT NULL, content TEXT NOT NULL, "
         "attempt INTEGER NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY (job_id, name))",
+        "CREATE TABLE {s}.nbqueue_schedules (name TEXT PRIMARY KEY, task TEXT NOT NULL, "
+        "payload TEXT NOT NULL, spec TEXT NOT NULL, options TEXT NOT NULL, signature TEXT, "
+        "updated_at BIGINT NOT NULL)",
     ],
 }
 
@@ -311,6 +314,25 @@ FILE_SAVED = (
     "AND content = %(content)s"
 )
 LOAD_FILE = "SELECT content FROM nbqueue_files WHERE job_id = %(id)s AND name = %(name)s"
+# Schedules kept in the database (notebook schedules): any worker allowed to run them keeps them.
+SAVE_SCHEDULE = (
+    f"INSERT INTO nbqueue_schedules VALUES (%(name)s, %(task)s, %(payload)s, %(spec)s, %(options)s, "
+    f"%(signature)s, {NOW}) ON CONFLICT (name) DO UPDATE SET task = excluded.task, "
+    "payload = excluded.payload, spec = excluded.spec, options = excluded.options, "
+    "signature = excluded.signature, updated_at = excluded.updated_at"
+)
+SCHEDULES = "SELECT name, task, payload, spec, options, signature FROM nbqueue_schedules ORDER BY name"
+DELETE_SCHEDULE = (
+    "WITH slot AS (DELETE FROM nbqueue_periodic WHERE name = 'schedule:' || %(name)s) "
+    "DELETE FROM nbqueue_schedules WHERE name = %(name)s RETURNING 1"
+)
+SCHEDULE_GONE = "SELECT NOT EXISTS (SELECT 1 FROM nbqueue_schedules WHERE name = %(name)s)"
+# A finished job's pinned input replaced (requeue with the current notebook), re-signed with it.
+REPIN = (
+    "UPDATE nbqueue_jobs SET payload = %(payload)s, signature = %(signature)s WHERE id = %(id)s "
+    "AND payload = %(old)s AND status IN ('dead', 'cancelled') RETURNING 1"
+)
+REPINNED = "SELECT payload = %(payload)s FROM nbqueue_jobs WHERE id = %(id)s"
 FILE_NAMES = f"SELECT job_id, name FROM nbqueue_files WHERE job_id = {IDS} ORDER BY job_id, name"
 # A job with children finishes in a transaction that also resolves them (storage/cascade.py):
 # the one-statement paths below leave it alone (`has_children = 0`), and the storage then

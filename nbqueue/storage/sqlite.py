@@ -31,7 +31,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, cascade
+from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, StoredSchedule, cascade
 from . import sqlite_queries as sql
 
 BUSY_TIMEOUT_MS = 10_000
@@ -325,6 +325,23 @@ class SQLiteStorage:
     def save_file(self, job_id: int, attempt: int, name: str, content: str, now: int | None) -> bool:
         params = {"id": job_id, "attempt": attempt, "name": name, "content": content, "now": _stamp(now)}
         return self._change(sql.SAVE_FILE, params) == 1
+
+    def save_schedule(self, schedule: StoredSchedule, now: int | None) -> None:
+        self._change(sql.SAVE_SCHEDULE, {**schedule._asdict(), "now": _stamp(now)})
+
+    def schedules(self) -> list[StoredSchedule]:
+        return [StoredSchedule(*row) for row in self._read(sql.SCHEDULES)]
+
+    def delete_schedule(self, name: str) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            conn.execute(sql.FORGET_SLOT, {"name": name})
+            return conn.execute(sql.DELETE_SCHEDULE, {"name": name}).rowcount == 1
+
+        return self._write(work)
+
+    def repin(self, job_id: int, old: str, payload: str, signature: str | None) -> bool:
+        params = {"id": job_id, "old": old, "payload": payload, "signature": signature}
+        return self._change(sql.REPIN, params) == 1
 
     def load_file(self, job_id: int, name: str) -> str | None:
         rows = self._read(sql.LOAD_FILE, {"id": job_id, "name": name})

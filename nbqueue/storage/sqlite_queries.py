@@ -189,6 +189,10 @@ MIGRATIONS: dict[int, str] = {
         job_id INTEGER NOT NULL, name TEXT NOT NULL, content TEXT NOT NULL, attempt INTEGER NOT NULL,
         updated_at INTEGER NOT NULL, PRIMARY KEY (job_id, name)
     ) WITHOUT ROWID;
+    CREATE TABLE nbqueue_schedules (
+        name TEXT PRIMARY KEY, task TEXT NOT NULL, payload TEXT NOT NULL, spec TEXT NOT NULL,
+        options TEXT NOT NULL, signature TEXT, updated_at INTEGER NOT NULL
+    );
     DROP TRIGGER nbqueue_forget;
     CREATE TRIGGER nbqueue_forget AFTER DELETE ON nbqueue_jobs BEGIN
         DELETE FROM nbqueue_steps WHERE job_id = old.id;
@@ -422,6 +426,21 @@ SAVE_FILE = (
     "content = excluded.content, attempt = excluded.attempt, updated_at = excluded.updated_at"
 )
 LOAD_FILE = "SELECT content FROM nbqueue_files WHERE job_id = :id AND name = :name"
+# Schedules kept in the database (notebook schedules): any worker allowed to run them keeps them.
+SAVE_SCHEDULE = (
+    "INSERT INTO nbqueue_schedules VALUES (:name, :task, :payload, :spec, :options, :signature, :now) "
+    "ON CONFLICT (name) DO UPDATE SET task = excluded.task, payload = excluded.payload, "
+    "spec = excluded.spec, options = excluded.options, signature = excluded.signature, "
+    "updated_at = excluded.updated_at"
+)
+SCHEDULES = "SELECT name, task, payload, spec, options, signature FROM nbqueue_schedules ORDER BY name"
+DELETE_SCHEDULE = "DELETE FROM nbqueue_schedules WHERE name = :name"
+FORGET_SLOT = "DELETE FROM nbqueue_periodic WHERE name = 'schedule:' || :name"  # manager.STORED_PREFIX
+# A finished job's pinned input replaced (requeue with the current notebook), re-signed with it.
+REPIN = (
+    "UPDATE nbqueue_jobs SET payload = :payload, signature = :signature WHERE id = :id "
+    "AND payload = :old AND status IN ('dead', 'cancelled')"
+)
 FILE_NAMES = f"SELECT job_id, name FROM nbqueue_files WHERE job_id IN {IDS} ORDER BY job_id, name"
 
 

@@ -25,6 +25,7 @@ from .targets import ENVIRONMENT, mask_in, redact
 COMMANDS = {
     "worker": "run jobs until SIGINT/SIGTERM (the running job finishes or is released)",
     "notebook": "queue a run of a notebook with parameters (a worker with --allow-code runs it)",
+    "schedules": "the periodic schedules kept in the queue, with their next run (--remove NAME)",
     "stats": "count the jobs in each state",
     "jobs": "list jobs, newest first",
     "graph": "the jobs linked to a job by after= (its workflow's graph), with their parents",
@@ -126,6 +127,15 @@ def parser() -> argparse.ArgumentParser:
     nb.add_argument("--max-retries", type=int, default=None, help="retries after a failed run")
     nb.add_argument("--html", action="store_true", help="also export the executed notebook as HTML")
     nb.add_argument("--queue", "-q", default=None, help="the queue name (default: default)")
+    nb.add_argument(
+        "--cron", default=None, help="run it on this schedule instead of once (kept in the queue)"
+    )
+    nb.add_argument("--every", type=duration, default=None, help="or every this long (like 1h)")
+    nb.add_argument("--tz", default=None, help="the cron's IANA time zone, like Europe/Berlin (default UTC)")
+    nb.add_argument("--name", default=None, help="the schedule's name (default: the file's name)")
+    sc = cmd["schedules"]
+    sc.add_argument("--remove", metavar="NAME", default=None, help="forget this schedule")
+    sc.add_argument("--json", action="store_true", help="print JSON")
     j = cmd["jobs"]
     j.add_argument("--status", "-s", choices=[s.value for s in State], help="only this state")
     j.add_argument("--queue", "-q", help="only this queue")
@@ -231,11 +241,51 @@ def _notebook(queue: Queue, args: argparse.Namespace) -> int:
         options["max_retries"] = args.max_retries
     if args.queue is not None:
         options["queue"] = args.queue
-    job = queue.enqueue_notebook(
-        args.path, dict(args.parameters), outputs=("ipynb", "html") if args.html else ("ipynb",), **options
-    )
+    outputs = ("ipynb", "html") if args.html else ("ipynb",)
+    if args.cron is not None or args.every is not None:
+        name = queue.periodic_notebook(
+            args.path,
+            args.cron,
+            every=args.every,
+            tz=args.tz,
+            parameters=dict(args.parameters),
+            name=args.name,
+            outputs=outputs,
+            **options,
+        )
+        print(f"scheduled notebook {args.path} as {name!r}; workers with --allow-code run it")
+        return 0
+    if args.tz is not None or args.name is not None:
+        print("nbqueue: error: --tz and --name belong to a schedule (--cron or --every)", file=sys.stderr)
+        return 2
+    job = queue.enqueue_notebook(args.path, dict(args.parameters), outputs=outputs, **options)
     print(f"queued notebook job {job.id} ({args.path})")
     return 0
+
+
+def _schedules(queue: Queue, args: argparse.Namespace) -> int:
+    if args.remove is not None:
+        if not queue.unschedule(args.remove):
+            print(f"nbqueue: error: no schedule named {args.remove!r}", file=sys.stderr)
+            return 1
+        print(f"removed schedule {args.remove!r}")
+        return 0
+    rows = [row for row in queue.manager.schedule_rows() if row["stored"]]
+    if args.json:
+        shown = [
+            {**row, "next_run": _iso(row["next_run"]), "last_run": _iso(row["last_run"])} for row in rows
+        ]
+        print(json.dumps(shown))
+        return 0
+    print(f"{'name':<20}  {'schedule':<40}  {'next run (local)':<25}  notebook")
+    for row in rows:
+        upcoming = _iso(row["next_run"]) or "-"
+        print(f"{row['name'][:20]:<20}  {row['schedule'][:40]:<40}  {upcoming:<25}  {row['notebook'] or ''}")
+    return 0
+
+
+def _iso(moment: Any) -> str | None:
+    return None if moment is None else str(moment.isoformat())
 
 
 def _stats(queue: Queue, args: argparse.Namespace) -> int:
@@ -354,6 +404,7 @@ def _purge(queue: Queue, args: argparse.Namespace) -> int:
 _COMMANDS = {
     "worker": _worker,
     "notebook": _notebook,
+    "schedules": _schedules,
     "stats": _stats,
     "jobs": _jobs,
     "graph": _graph,

@@ -166,6 +166,17 @@ def steps_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
     return result
 
 
+def schedules_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Schedules (JobManager.schedule_rows), soonest first; times in each schedule's own zone."""
+    pandas = _pandas()
+    columns = ["name", "task", "schedule", "tz", "next_run", "last_run", "stored", "notebook", "parameters"]
+    soonest = sorted(
+        rows, key=lambda row: (row["next_run"] is None, row["next_run"] and row["next_run"].timestamp())
+    )
+    frame: pd.DataFrame = pandas.DataFrame(soonest, columns=columns)
+    return frame
+
+
 def last_line(text: str | None) -> str | None:
     """The last line of an error (its exception), or None."""
     lines = (text or "").strip().splitlines()

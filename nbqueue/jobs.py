@@ -14,6 +14,7 @@ from .clock import from_us
 from .errors import DamagedJob, InvalidArgument, InvalidTransition
 from .retry import Backoff
 
+NOTEBOOK_TASK = "nbqueue.notebook"  # the opt-in task that runs a notebook (nbqueue.notebooks)
 NOTEBOOK_FILE = "notebook.ipynb"  # a notebook job's executed notebook, among its stored files
 
 

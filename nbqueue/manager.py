@@ -15,12 +15,13 @@ import logging
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
 from . import dependencies, limits, policy, signing, waiting, workflows
 from . import payload as payload_json
+from . import schedule as schedules
 from . import tasks as registry
 from .clock import Clock, from_us, system_clock, to_us, utc_seconds
 from .context import StepBook
@@ -35,6 +36,7 @@ from .errors import (
 )
 from .jobs import (
     FINISHED,
+    NOTEBOOK_TASK,
     UNFINISHED,
     Job,
     State,
@@ -49,7 +51,7 @@ from .options import JobArgs, JobOptions, check_id, gate, stored
 from .payload import call_body, check_output, error_text
 from .retry import Backoff
 from .schedule import Cron, Every
-from .storage import ClaimRequest, Filter, NewJob, Row, StepRecord, Storage
+from .storage import ClaimRequest, Filter, NewJob, Row, StepRecord, Storage, StoredSchedule
 from .tasks import Task
 from .workflows import Plan, Planned, Workflow
 
@@ -63,6 +65,9 @@ GRAPH_LIMIT = 100_000  # jobs a graph shows at most
 EVERY_STEP = -(2**62)  # replay from the start: forget every step
 
 
+STORED_PREFIX = "schedule:"  # the slots of stored schedules (storage deletes them by it too)
+
+
 @dataclass(frozen=True)
 class Periodic:
     """A task this queue's workers enqueue on a schedule, with fixed arguments."""
@@ -71,6 +76,13 @@ class Periodic:
     schedule: Every | Cron
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""  # a stored schedule's name ("": declared in this process, named by its task)
+    options: JobOptions | None = None  # its jobs' options; None: the task's
+
+    @property
+    def slot_name(self) -> str:
+        """Under which name its last slot is kept (a stored schedule's never meets a task's)."""
+        return f"{STORED_PREFIX}{self.name}" if self.name else self.task.name
 
 
 class JobManager:
@@ -453,24 +465,121 @@ class JobManager:
         """Enqueue each due slot of this queue's periodic tasks (once however many workers tick)."""
         now = self.now()
         enqueued = []
-        for periodic in list(self.periodics.values()):
+        for periodic in [*self.periodics.values(), *self.stored_periodics(names)]:
             task = periodic.task
             if names is not None and task.name not in names:
                 continue
-            last = self.storage.periodic_slot(task.name)
+            last = self.storage.periodic_slot(periodic.slot_name)
             slot = policy.due_slot(periodic.schedule, now, last)
             if slot is None:
                 continue
             job = None
             if slot.enqueue:
-                options = task.options.but({"key": f"periodic:{task.name}:{slot.at.isoformat()}"})
+                chosen = periodic.options or task.options
+                options = chosen.but({"key": f"periodic:{periodic.slot_name}:{slot.at.isoformat()}"})
                 body = call_body(periodic.args, periodic.kwargs)
                 signature = signing.sign(task.name, body) if task.signed else None
                 job = self._new_job(task.name, body, options, task.backoff, signature)
             slot_us = to_us(slot.at.timestamp())
-            if self.storage.periodic_advance(task.name, last, slot_us, job, self.stamp()) and slot.enqueue:
-                enqueued.append(task.name)
+            if (
+                self.storage.periodic_advance(periodic.slot_name, last, slot_us, job, self.stamp())
+                and slot.enqueue
+            ):
+                enqueued.append(periodic.slot_name)
         return enqueued
+
+    def save_schedule(self, periodic: Periodic, options: dict[str, Any]) -> None:
+        """Keep a schedule in the database, so that every worker allowed its task keeps it."""
+        body = call_body(periodic.args, periodic.kwargs)
+        JobOptions.given(options)  # refused now, not at its first slot
+        task = periodic.task.name
+        signature = signing.sign(task, body) if periodic.task.signed else None
+        spec = json.dumps(schedules.to_spec(periodic.schedule))
+        row = StoredSchedule(periodic.name, task, body, spec, json.dumps(options), signature)
+        self.storage.save_schedule(row, self.stamp())
+
+    def stored_periodics(self, names: Sequence[str] | None = None) -> list[Periodic]:
+        """The schedules kept in the database whose task is registered here (and in `names`).
+
+        Stored schedules are for opt-in tasks (notebook jobs), so a worker that runs none
+        of those does not read them. A signed task's schedule whose signature does not
+        verify (another user's, or a row edited by hand) is skipped with a warning.
+        """
+        tasks = [registry.find(name) for name in (names if names is not None else registry.names())]
+        if not any(task is not None and task.opt_in for task in tasks):
+            return []
+        found = []
+        for row in self.storage.schedules():
+            task = registry.find(row.task)
+            if task is None or (names is not None and row.task not in names):
+                continue
+            if task.signed and not signing.verify(row.task, row.payload, row.signature):
+                log.warning("schedule %r is not signed by this user: not run", row.name)
+                continue
+            try:
+                body = json.loads(row.payload)
+                plan = schedules.from_spec(json.loads(row.spec))
+                options = task.options.but(json.loads(row.options))
+            except (ValueError, TypeError, NbqueueError) as exc:
+                log.warning("schedule %r cannot be read: %s", row.name, exc)
+                continue
+            found.append(Periodic(task, plan, tuple(body["args"]), body["kwargs"], row.name, options))
+        return found
+
+    def schedule_rows(self) -> list[dict[str, Any]]:
+        """Every schedule, stored or declared here: name, task, schedule, tz, next_run and
+        last_run (in its zone), stored, notebook, parameters."""
+        now = self.now()
+        listed: list[tuple[str, str, Every | Cron, dict[str, Any], bool]] = [
+            (p.task.name, p.task.name, p.schedule, p.kwargs, False) for p in self.periodics.values()
+        ]
+        for row in self.storage.schedules():
+            try:
+                plan = schedules.from_spec(json.loads(row.spec))
+                kwargs = json.loads(row.payload)["kwargs"]
+            except (ValueError, TypeError, KeyError, NbqueueError):
+                continue  # tick_periodic warns about it
+            listed.append((row.name, row.task, plan, kwargs, True))
+        rows = []
+        for name, task, plan, kwargs, kept in listed:
+            zone = plan.zone if isinstance(plan, Cron) else UTC
+            last = self.storage.periodic_slot(f"{STORED_PREFIX}{name}" if kept else name)
+            upcoming = plan.next_after(now)
+            rows.append(
+                {
+                    "name": name,
+                    "task": task,
+                    "schedule": str(plan),
+                    "tz": plan.tz if isinstance(plan, Cron) else "UTC",
+                    "next_run": None if upcoming is None else upcoming.astimezone(zone),
+                    "last_run": None
+                    if last is None
+                    else datetime.fromtimestamp(last / 1e6, UTC).astimezone(zone),
+                    "stored": kept,
+                    "notebook": kwargs.get("source") if task == NOTEBOOK_TASK else None,
+                    "parameters": kwargs.get("parameters") if task == NOTEBOOK_TASK else None,
+                }
+            )
+        return rows
+
+    def delete_schedule(self, name: str) -> bool:
+        """Forget a stored schedule; False if there was none of that name."""
+        return self.storage.delete_schedule(name)
+
+    def repin(self, job: Job, kwargs: dict[str, Any]) -> None:
+        """Give a dead or cancelled task job new keyword arguments (a notebook job the current
+        file), signed again when its task is signed."""
+        row = self.storage.get(job.id)
+        if row is None:
+            raise JobNotFound(f"no job with id {job.id}")
+        body = call_body(tuple(job.args), kwargs)
+        task = registry.find(job.task)
+        signature = signing.sign(str(job.task), body) if task is None or task.signed else None
+        if not self.storage.repin(job.id, row[4], body, signature):
+            raise InvalidTransition(
+                f"job {job.id} is {self.get(job.id).status.value}; "
+                "only a dead or cancelled job takes new input"
+            )
 
     # -- reading and managing ----------------------------------------------------
 

@@ -26,17 +26,32 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import context
 from .errors import InvalidArgument, MissingDependency, NbqueueError, Unretryable
 from .isolation import kill_group
-from .jobs import NOTEBOOK_FILE, Job
+from .jobs import NOTEBOOK_FILE, NOTEBOOK_TASK, Job
 from .tasks import Producer, Task, register
 
-NOTEBOOK_TASK = "nbqueue.notebook"
+__all__ = [
+    "NOTEBOOK_TASK",
+    "CellFailed",
+    "NotebookError",
+    "check_outputs",
+    "check_parameters",
+    "collect",
+    "executed_path",
+    "failed_cell",
+    "job_kwargs",
+    "notebook_task",
+    "output",
+    "parameter",
+    "read",
+    "run",
+]
 OUTPUT_MIME = "application/x-nbqueue-output+json"  # what nbqueue.output() displays
 FOLDER = "nbqueue-notebooks"  # the default output folder's name
 OUTPUTS = ("ipynb", "html")
@@ -93,6 +108,22 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
             cell.outputs = []
             cell.execution_count = None
     return json.loads(nbformat.writes(notebook))  # type: ignore[no-any-return]
+
+
+def job_kwargs(
+    path: str | os.PathLike[str],
+    parameters: Mapping[str, Any] | None,
+    outputs: str | Sequence[str],
+    output_dir: str | os.PathLike[str] | None,
+) -> dict[str, Any]:
+    """A notebook job's arguments: the notebook pinned, its parameters, where it came from."""
+    return {
+        "notebook": read(path),
+        "parameters": check_parameters(parameters),
+        "source": os.path.abspath(path),
+        "outputs": check_outputs(outputs),
+        "output_dir": None if output_dir is None else os.path.abspath(output_dir),
+    }
 
 
 def check_parameters(parameters: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import html
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, Unpack, overload
 
 from . import frames, notebooks, targets, waiting
@@ -230,15 +231,54 @@ class Queue:
         job, naming the cell (counted from 0). Options as for `enqueue`: timeout (the
         kernel is killed), max_retries, after, limits, queue, priority, key...
         """
-        kwargs = {
-            "notebook": notebooks.read(path),
-            "parameters": notebooks.check_parameters(parameters),
-            "source": os.path.abspath(path),
-            "outputs": notebooks.check_outputs(outputs),
-            "output_dir": None if output_dir is None else os.path.abspath(output_dir),
-        }
-        task = registry.find(notebooks.NOTEBOOK_TASK) or notebooks.notebook_task(self.manager)
-        return self.manager.enqueue_call(task, (), kwargs, options)
+        kwargs = notebooks.job_kwargs(path, parameters, outputs, output_dir)
+        return self.manager.enqueue_call(self._notebook_task(), (), kwargs, options)
+
+    def periodic_notebook(
+        self,
+        path: str | os.PathLike[str],
+        cron: str | None = None,
+        *,
+        every: Duration | None = None,
+        tz: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        outputs: str | Sequence[str] = ("ipynb",),
+        output_dir: str | os.PathLike[str] | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_retries: int | None = None,
+        timeout: Duration | None = None,
+    ) -> str:
+        """Run a notebook on a schedule, kept in the database: ``cron="0 6 * * MON-FRI",
+        tz="Europe/Berlin"`` (or ``every=``). Returns the schedule's name (default: the file's).
+
+        The notebook is pinned now, with its parameters; declaring a name again replaces
+        that schedule (with the file as it is then). Every worker started with
+        ``allow_code=True`` by this user keeps it, each slot exactly once, also while the
+        notebook that declared it is closed. `q.schedules()` lists it; `q.unschedule(name)`.
+        """
+        plan = schedules.make(cron, seconds(every, "every") if every is not None else None, tz)
+        kwargs = notebooks.job_kwargs(path, parameters, outputs, output_dir)
+        chosen = {"queue": queue, "priority": priority, "max_retries": max_retries, "timeout": timeout}
+        options = {key: value for key, value in chosen.items() if value is not None}
+        label = check_name(name if name is not None else Path(path).stem, "schedule name")
+        task = self._notebook_task()
+        self.manager.save_schedule(Periodic(task, plan, (), kwargs, label), options)
+        return label
+
+    def schedules(self) -> pd.DataFrame:
+        """The periodic schedules: those kept in the database (notebooks) and those this
+        process declared (`@q.periodic`), with their next run in their own time zone."""
+        return frames.schedules_frame(self.manager.schedule_rows())
+
+    def unschedule(self, name: str) -> bool:
+        """Forget a schedule kept in the database; False if there was none of that name."""
+        return self.manager.delete_schedule(check_name(name, "schedule name"))
+
+    def _notebook_task(self) -> Task[Any, Any]:
+        """The notebook task as registered here (a worker's, with its folder), or registered now."""
+        return registry.find(notebooks.NOTEBOOK_TASK) or notebooks.notebook_task(self.manager)
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Unpack[JobArgs]) -> list[int]:
         """Add many raw payload jobs in one transaction: all are written, or none."""
@@ -301,13 +341,22 @@ class Queue:
         [one] = waiting.job_ids(job_id)
         return self.manager.cancel(one)
 
-    def requeue(self, job_ids: int | Job | Iterable[int | Job] | None = None) -> int:
+    def requeue(self, job_ids: int | Job | Iterable[int | Job] | None = None, *, reload: bool = False) -> int:
         """Give dead (or cancelled) jobs a fresh start: pending, due now, retries 0.
 
         `None` requeues every dead job. Returns how many were requeued. A job whose
         idempotency key an unfinished job holds stays where it is (with `None`,
         silently; named by id, with InvalidTransition after the others are requeued).
+        ``reload=True`` gives the named notebook jobs the notebook file as it is now (a
+        notebook job otherwise runs the copy pinned when it was queued).
         """
+        if reload:
+            if job_ids is None:
+                raise InvalidArgument("requeue(reload=True) takes the jobs to reload; name them")
+            for job in self.manager.get_many(waiting.job_ids(job_ids)):
+                if job.task == notebooks.NOTEBOOK_TASK:
+                    current = notebooks.read(job.kwargs.get("source", ""))
+                    self.manager.repin(job, {**job.kwargs, "notebook": current})
         return self.manager.requeue(None if job_ids is None else waiting.job_ids(job_ids))
 
     def approve(self, job_ids: int | Job | Iterable[int | Job]) -> int:

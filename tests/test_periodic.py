@@ -29,15 +29,16 @@ def declare(queues: list[Queue], fn: Callable[..., Any], **plan: Any) -> None:
         q.periodic(**plan)(fn)
 
 
-def tick_together(queues: list[Queue]) -> list[list[str]]:
-    """Every queue ticks at the same moment, each in its own thread."""
+def tick_together(queues: list[Queue], names: list[str] | None = None) -> list[list[str]]:
+    """Every queue ticks at the same moment, each in its own thread (the schedules of the
+    tasks in `names` only, as a worker that runs only those would)."""
     barrier = threading.Barrier(len(queues), timeout=10)
     results: list[Any] = [None] * len(queues)
 
     def tick(i: int) -> None:
         barrier.wait()
         try:
-            results[i] = queues[i].manager.tick_periodic()
+            results[i] = queues[i].manager.tick_periodic(names)
         except BaseException as exc:
             results[i] = exc
 

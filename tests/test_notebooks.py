@@ -29,6 +29,7 @@ TUTORIALS = {
     "05-long-running.ipynb",
     "06-async-agents.ipynb",
     "07-research-workflow.ipynb",
+    "08-notebook-jobs.ipynb",
 }
 
 

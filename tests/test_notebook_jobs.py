@@ -9,6 +9,7 @@ import nbformat
 import pytest
 
 import nbqueue
+from nbqueue.jupyter import views
 from tests.conftest import MakeQueue
 
 PARAMETERS = 'region = "nowhere"\nn = 1'
@@ -131,7 +132,7 @@ def test_parameters_are_injected_and_outputs_come_back_in_the_result(
 
 @pytest.mark.slow
 def test_a_failing_cell_is_named_by_its_index_and_the_partial_notebook_is_kept(
-    queue: nbqueue.Queue, tmp_path: Path
+    queue: nbqueue.Queue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_notebook(
         tmp_path / "fails.ipynb", "x = 1", "raise ValueError(f'no data for {region}')", "y = 2"
@@ -151,6 +152,10 @@ def test_a_failing_cell_is_named_by_its_index_and_the_partial_notebook_is_kept(
     ran = {cell.source: cell.execution_count for cell in partial.cells if cell.cell_type == "code"}
     assert ran["x = 1"] is not None and ran["y = 2"] is None
     assert (tmp_path / "out" / f"fails-{job.id}.ipynb").exists()
+    # The board's detail pane links it (relative, so JupyterLab opens it in a tab) and names the cell.
+    monkeypatch.chdir(tmp_path)
+    line = views.notebook_line(job)
+    assert f"href='out/fails-{job.id}.ipynb'" in line and "failed at cell 2" in line
 
 
 @pytest.mark.slow

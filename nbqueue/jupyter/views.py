@@ -126,6 +126,42 @@ def limits_line(frame: Any) -> str:
     return "<div class='nbqueue-limits'><b>LIMITS</b>&nbsp; " + " &nbsp;|&nbsp; ".join(parts) + "</div>"
 
 
+SCHEDULES_SHOWN = 5  # the soonest schedules the board names; q.schedules() has them all
+
+
+def schedules_line(rows: list[dict[str, Any]]) -> str:
+    """SCHEDULES  eu-daily cron 0 6 * * MON-FRI (Europe/Berlin) · next Wed 02 Dec 05:00 here (06:00
+    Europe/Berlin): the soonest schedules with their next run in this kernel's local time."""
+    coming = sorted(
+        (row for row in rows if row["next_run"] is not None), key=lambda row: row["next_run"].timestamp()
+    )
+    parts = []
+    for row in coming[:SCHEDULES_SHOWN]:
+        upcoming = row["next_run"]
+        local = upcoming.astimezone()
+        own = "" if upcoming.utcoffset() == local.utcoffset() else f" ({upcoming:%H:%M} {row['tz']})"
+        name = html.escape(str(row["name"]))
+        source = f" · {html.escape(os.path.basename(row['notebook']))}" if row["notebook"] else ""
+        parts.append(
+            f"<span class='nbqueue-schedule' data-name='{name}' title='{upcoming.isoformat()}'><b>{name}</b> "
+            f"{html.escape(str(row['schedule']))}{source} · next {local:%a %d %b %H:%M} {local:%Z}"
+            f"{html.escape(own)}</span>"
+        )
+    if not parts:
+        return ""
+    more = (
+        f" &nbsp;(+{len(coming) - SCHEDULES_SHOWN} more: q.schedules())"
+        if len(coming) > SCHEDULES_SHOWN
+        else ""
+    )
+    return (
+        "<div class='nbqueue-schedules'><b>SCHEDULES</b>&nbsp; "
+        + " &nbsp;|&nbsp; ".join(parts)
+        + more
+        + "</div>"
+    )
+
+
 def waiting_notes(queue: Queue, jobs: list[Job]) -> dict[int, str]:
     """What each blocked or upstream_failed job waits for, in a few words:
     "waiting on #4 (running), #5 (pending)", or "waiting on dead #12: requeue it"."""
@@ -343,6 +379,7 @@ class JobBoard(_LiveView):
         )
         self.counts_html = widgets.HTML()
         self.limits_html = widgets.HTML()
+        self.schedules_html = widgets.HTML()
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="done", bar_style="success")
         self.progress_label = widgets.HTML()
         self.status_filter = widgets.Dropdown(
@@ -365,6 +402,7 @@ class JobBoard(_LiveView):
             self.title,
             self.counts_html,
             self.limits_html,
+            self.schedules_html,
             widgets.HBox([self.progress, self.progress_label]),
             widgets.HBox([self.status_filter, self.queue_filter, self.refresh_button]),
             self.table,
@@ -416,6 +454,7 @@ class JobBoard(_LiveView):
             self.counts, self.rows = counts, rows
             self.counts_html.value = "".join(_pill(s, counts[s.value]) for s in State)
             self.limits_html.value = limits_line(self.queue.limits())
+            self.schedules_html.value = schedules_line(self.queue.manager.schedule_rows())
             total = sum(counts.values())
             done = sum(counts[s.value] for s in FINISHED)
             self.progress.max = max(total, 1)

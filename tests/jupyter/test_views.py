@@ -6,14 +6,18 @@ import itertools
 import re
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
+import nbqueue
 from nbqueue import Job, JobNotFound, Queue, State
 from nbqueue.jupyter.views import DeadLetterView, JobBoard
 from tests.helpers import wait_until
+from tests.test_notebook_jobs import write_notebook
 
 STATES = [s.value for s in State]
 _rising = itertools.count(10**9)  # each driven job outranks every earlier one, so claim() takes it
@@ -496,3 +500,34 @@ def test_the_board_shows_each_limit_with_what_holds_it_and_its_pause(queue: Queu
     assert "<b>tokens</b> · 1200 in flight · 1500/s, next start in" in line  # 90000/m, as per second
     assert queue.resume("openai") is True
     assert "paused" not in board_of().limits_html.value
+
+
+def test_the_board_lists_schedules_with_their_next_run_in_local_time(
+    tmp_path: Path, views: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        friday_noon = datetime(2024, 3, 29, 12, 0, tzinfo=UTC).timestamp()
+        q = Queue(tmp_path / "schedules.db", clock=nbqueue.ManualClock(friday_noon))
+        report = write_notebook(tmp_path / "report.ipynb", "1")
+        q.periodic_notebook(report, cron="0 6 * * MON-FRI", tz="Europe/Berlin", name="eu-daily")
+        q.periodic(every=3600, name="hourly")(lambda: None)
+        board = JobBoard(q, interval=3600)
+        views.append(board)
+        line = board.schedules_html.value
+        assert "SCHEDULES" in line
+        # Monday 06:00 in Berlin (CEST) is midnight in New York (EDT); the hourly one comes first
+        assert line.index("hourly") < line.index("eu-daily")
+        assert (
+            "<b>eu-daily</b> cron 0 6 * * MON-FRI (Europe/Berlin) · report.ipynb · next Mon 01 Apr 00:00 EDT"
+            " (06:00 Europe/Berlin)" in line
+        )
+        assert "next Fri 29 Mar 09:00 EDT" in line  # 13:00 UTC, in a zone of its own: UTC
+        assert q.unschedule("eu-daily")
+        board.refresh()
+        assert "eu-daily" not in board.schedules_html.value
+        q.close()
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

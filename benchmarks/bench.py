@@ -156,6 +156,34 @@ def drain_limited(folder: Path, n: int, **limit: Any) -> tuple[float, float]:
     return limited, unlimited
 
 
+def claim_behind_held(folder: Path, held: int, claims: int = 200) -> tuple[float, float]:
+    """Claims of one runnable job that `held` jobs of a full key outrank, next to the same
+    claims with nothing held back (the cost of passing over held-back jobs)."""
+
+    def claims_of(q: nbqueue.Queue) -> float:
+        def work() -> None:
+            for _ in range(claims):
+                job = q.claim(lease=60)
+                assert job is not None and job.priority == 0
+                q.release(job)
+
+        return rate(claims, work)
+
+    plain = new_queue(folder)
+    plain.enqueue({"free": True})
+    unheld = claims_of(plain)
+    plain.close()
+    q = new_queue(folder)
+    q.limit("full", concurrency=1)
+    q.enqueue({"occupant": True}, limits=["full"], priority=100)
+    assert q.claim(lease=600) is not None
+    q.enqueue_many([{"n": i} for i in range(held)], limits=["full"], priority=50)
+    q.enqueue({"free": True})
+    behind = claims_of(q)
+    q.close()
+    return behind, unheld
+
+
 def drain_graph(folder: Path, n: int) -> tuple[float, float]:
     """A fan-out/fan-in (one root, n children after it, one join after all of them) drained by one
     worker thread, next to the same number of independent jobs: what dependencies cost."""
@@ -517,6 +545,12 @@ def main(argv: list[str] | None = None) -> int:
                 "the same drain, no limits (the limit check's cost)",
                 0.0,
                 lambda: drain_limited(folder, n, concurrency=1000),
+            ),
+            (
+                "claim, 3,000 held back",
+                "the same claims, nothing held back",
+                0.0,
+                lambda: claim_behind_held(folder, 3000),
             ),
             (
                 "drain, fan-out/fan-in 10,000",

@@ -113,8 +113,9 @@ def test_a_full_key_holds_back_only_its_own_jobs(make_queue: MakeQueue) -> None:
         assert [j.value for j in q.wait(held, timeout=20, progress=False)] == list(range(5))
 
 
-def test_claims_stay_fast_behind_many_held_back_jobs(make_queue: MakeQueue) -> None:
-    """Thousands of jobs of a full key sit ahead (by priority) of one runnable job."""
+def test_claims_find_the_runnable_job_behind_many_held_back_jobs(make_queue: MakeQueue) -> None:
+    """Thousands of jobs of a full key sit ahead (by priority) of one runnable job. (How fast
+    such a claim is lives in the benchmark: "claim, 3,000 held back" in `make bench`.)"""
     q = make_queue()
     q.limit("full", concurrency=1)
     occupant = q.enqueue({"occupant": True}, limits=["full"], priority=100)
@@ -122,13 +123,11 @@ def test_claims_stay_fast_behind_many_held_back_jobs(make_queue: MakeQueue) -> N
     assert claim is not None and claim.id == occupant.id
     q.enqueue_many([{"n": i} for i in range(3000)], limits=["full"], priority=50)
     runnable = q.enqueue({"free": True}, priority=0)
-    started = time.perf_counter()
     for _ in range(20):
         got = q.claim()
         assert got is not None and got.id == runnable.id
         q.release(got)
-    per_claim = (time.perf_counter() - started) / 20
-    assert per_claim < 0.05, f"{per_claim * 1000:.1f} ms per claim behind 3,000 held-back jobs"
+    assert q.counts()["pending"] == 3001 and q.limits().set_index("key").loc["full", "waiting"] == 3000
 
 
 def test_priority_holds_across_limited_and_unlimited_jobs(queue: Queue) -> None:

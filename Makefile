@@ -31,9 +31,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check nbqueue tests benchmarks
 	$(BIN)/mypy
 
+# Everything: the tests not marked slow or ui in four processes (as test-fast), then the slow
+# and browser ones one at a time (they time kills, faults and kernels, so they run alone).
 test: lint
 	$(BIN)/python -m pytest $(NBVAL) notebooks
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not slow and not ui" -n 4 -p no:cacheprovider
+	$(BIN)/python -m pytest -m "slow or ui"
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not ui" -n 4 -p no:cacheprovider

@@ -48,6 +48,7 @@ CLAIMER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_threads_claim_every_job_exactly_once(make_queue: MakeQueue) -> None:
     queue = make_queue()
     ids = queue.enqueue_many([{"n": i} for i in range(JOBS)], queue="bulk")

@@ -19,6 +19,7 @@ from tests.test_periodic import keys, tick_together
 NOTEBOOK = [notebooks.NOTEBOOK_TASK]
 
 
+@pytest.mark.slow
 def test_a_stored_notebook_schedule_is_kept_by_other_processes_once_per_slot_across_dst(
     make_queue: MakeQueue, tmp_path
 ) -> None:

@@ -217,6 +217,7 @@ def test_a_schedule_belongs_to_the_queue_that_declared_it(tmp_path: Path, clock:
     theirs.close()
 
 
+@pytest.mark.slow
 def test_a_daily_cron_in_berlin_is_enqueued_once_per_day_across_both_dst_changes(
     make_queue: MakeQueue,
 ) -> None:

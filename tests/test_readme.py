@@ -19,6 +19,7 @@ def test_readme_has_examples() -> None:
     assert len(BLOCKS) >= 3
 
 
+@pytest.mark.slow  # each runs in a fresh interpreter, some with workers and a kernel
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_example_runs(index: int, tmp_path: Path) -> None:
     for earlier in BLOCKS[:index]:  # later examples may reuse the file earlier ones made

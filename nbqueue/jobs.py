@@ -364,6 +364,30 @@ COLUMNS = (
 )
 
 
+def shown_task(task: str | None) -> str:
+    """A task's name as a person reads it: `__main__.convert` is `convert`, a payload job
+    is "(payload)"; any other module-qualified name stays whole."""
+    if task is None:
+        return "(payload)"
+    return task.removeprefix("__main__.")
+
+
+def attempt_text(job: Job) -> str:
+    """The one way a person reads attempts: "attempt k of n", n = max_retries + 1.
+
+    k is the attempt running, or the one that ended the job, or (a failed job waiting for
+    its retry) the one that failed; a job waiting to run says "next: attempt k of n"."""
+    allowed = job.max_retries + 1
+    if job.status is State.FAILED:
+        return f"attempt {min(job.retries, allowed)} of {allowed} failed"
+    number = min(job.retries + 1, allowed)
+    if job.status in (State.PENDING, State.BLOCKED):
+        return f"next: attempt {number} of {allowed}"
+    if job.attempts == 0:  # cancelled or upstream_failed before it ever ran
+        return f"never run ({allowed} attempt{'s' if allowed != 1 else ''} allowed)"
+    return f"attempt {number} of {allowed}"
+
+
 def from_row(row: Sequence[Any]) -> Job:
     """A stored row (its values in COLUMNS order) as a Job.
 

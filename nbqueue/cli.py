@@ -15,9 +15,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .cells import CELL_TASK
 from .clock import MAX_SECONDS
 from .errors import NbqueueError
-from .jobs import State
+from .jobs import NOTEBOOK_TASK, State, attempt_text, shown_task
 from .notebooks import parameter
 from .queue import Queue
 from .targets import ENVIRONMENT, mask_in, redact
@@ -34,6 +35,12 @@ COMMANDS = {
     "cancel": "cancel jobs that have not finished",
     "purge": "delete finished jobs, for example completed ones older than 7 days",
 }
+
+#: Commands that only read, or change only jobs that must already be there: a missing SQLite
+#: file is refused ("no queue at PATH") instead of being created empty.
+EXISTING_ONLY = frozenset(COMMANDS) - {"worker", "notebook"}
+#: At most this many pending jobs are read to count them by task (stats, worker start).
+COUNT_LIMIT = 100_000
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -174,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         top.error("--grace must be under a century")
     if args.database is None and not os.environ.get(ENVIRONMENT):
         top.error(f"give the queue (a SQLite file or a postgresql:// URL), or set {ENVIRONMENT}")
+    target = args.database or os.environ[ENVIRONMENT]
+    if args.command in EXISTING_ONLY and _missing_file(target):
+        print(f"nbqueue: error: no queue at {target}", file=sys.stderr)
+        return 1
     try:
         with Queue(args.database) as queue:
             return int(_COMMANDS[args.command](queue, args) or 0)
@@ -183,6 +194,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = "" if not shown or shown in message else f"{shown}: "
         print(f"nbqueue: error: {where}{message}", file=sys.stderr)
         return 1
+
+
+def _missing_file(target: str) -> bool:
+    """True when `target` names a SQLite file that does not exist (a URL is never missing)."""
+    return "://" not in target and not os.path.exists(target)
+
+
+def _pending_by_task(queue: Queue, queues: Sequence[str] | None = None) -> tuple[dict[str | None, int], bool]:
+    """How many pending jobs each task has (None: raw payload jobs), most first; and whether
+    the count stopped at COUNT_LIMIT jobs (the newest ones)."""
+    found: dict[str | None, int] = {}
+    seen, page = 0, 5000
+    while seen < COUNT_LIMIT:
+        jobs = queue.manager.jobs([State.PENDING], None, page, seen, brief=True)
+        for job in jobs:
+            if queues is None or job.queue in queues:
+                found[job.task] = found.get(job.task, 0) + 1
+        seen += len(jobs)
+        if len(jobs) < page:
+            break
+    else:
+        return _most_first(found), True
+    return _most_first(found), False
+
+
+def _most_first(counts: dict[str | None, int]) -> dict[str | None, int]:
+    """Tasks by how many jobs they have, most first; then by name, raw payloads last."""
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] is None, shown_task(kv[0]))))
+
+
+def _unserved(queue: Queue, runnable: Sequence[str], queues: Sequence[str] | None) -> str | None:
+    """What a worker that runs `runnable` says about pending jobs of other tasks (None: nothing)."""
+    waiting, capped = _pending_by_task(queue, queues)
+    missing = {task: n for task, n in waiting.items() if task is not None and task not in runnable}
+    if not missing:
+        return None
+    total = sum(missing.values())
+    named = ", ".join(f"{shown_task(task)} ({n})" for task, n in missing.items())
+    code = {CELL_TASK, NOTEBOOK_TASK}
+    hints = []
+    if set(missing) - code:
+        hints.append("--import MODULE")
+    if set(missing) & code:
+        hints.append("--allow-code (queued code: only for a queue you trust)")
+    more = "+" if capped else ""
+    return (
+        f"nbqueue worker: no task here for {total}{more} pending job(s) of: {named}; "
+        f"start the worker with {' or '.join(hints)}"
+    )
 
 
 def _worker(queue: Queue, args: argparse.Namespace) -> int:
@@ -216,6 +276,9 @@ def _worker(queue: Queue, args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    unserved = _unserved(queue, registry.runnable(worker.allow), args.queues)
+    if unserved:
+        print(unserved, file=sys.stderr, flush=True)
     worker.start()
     print(
         f"nbqueue worker {worker.worker_id} on {queue}: "
@@ -277,6 +340,9 @@ def _schedules(queue: Queue, args: argparse.Namespace) -> int:
         ]
         print(json.dumps(shown))
         return 0
+    if not rows:
+        print(f"no schedules in {queue}")
+        return 0
     print(f"{'name':<20}  {'schedule':<40}  {'next run (local)':<25}  notebook")
     for row in rows:
         upcoming = _iso(row["next_run"]) or "-"
@@ -297,6 +363,16 @@ def _stats(queue: Queue, args: argparse.Namespace) -> int:
         for state, n in counts.items():
             print(f"{state:<{width}}  {n}")
         print(f"{'total':<{width}}  {sum(counts.values())}")
+        if counts["pending"]:
+            waiting, capped = _pending_by_task(queue)
+            print()
+            for task, n in waiting.items():
+                if task is None:
+                    print(f"{n} pending raw payload job(s) (taken by claim(), never by a worker)")
+                else:
+                    print(f"{n} pending job(s) of task {shown_task(task)}")
+            if capped:
+                print(f"(counted among the newest {COUNT_LIMIT:,} pending jobs)")
     return 0
 
 
@@ -311,6 +387,8 @@ def _jobs(queue: Queue, args: argparse.Namespace) -> int:
                         "status": j.status.value,
                         "queue": j.queue,
                         "task": j.task,
+                        "attempt": attempt_text(j),
+                        "attempts": j.attempts,
                         "retries": j.retries,
                         "max_retries": j.max_retries,
                         "run_at": j.run_at.isoformat(),
@@ -322,14 +400,22 @@ def _jobs(queue: Queue, args: argparse.Namespace) -> int:
             )
         )
         return 0
+    if not jobs:
+        what = f"{args.status} jobs" if args.status else "jobs"
+        where = f" in queue {args.queue!r}" if args.queue else ""
+        print(f"no {what}{where} in {queue}")
+        return 0
+    attempts = [attempt_text(j) for j in jobs]
+    wide = max(len("attempt"), *map(len, attempts))
     print(
-        f"{'id':>6}  {'status':<15}  {'queue':<10}  {'task':<24}  {'tries':>5}  {'run at (UTC)':<19}  error"
+        f"{'id':>6}  {'status':<15}  {'queue':<10}  {'task':<24}  {'attempt':<{wide}}  "
+        f"{'run at (UTC)':<19}  error"
     )
-    for j in jobs:
+    for j, attempt in zip(jobs, attempts, strict=True):
         error = (j.error or "").strip().splitlines()[-1:] or [""]
         print(
-            f"{j.id:>6}  {j.status.value:<15}  {j.queue[:10]:<10}  {(j.task or '(payload)')[:24]:<24}  "
-            f"{j.retries:>2}/{j.max_retries:<2}  {j.run_at:%Y-%m-%d %H:%M:%S}  {error[0][:60]}"
+            f"{j.id:>6}  {j.status.value:<15}  {j.queue[:10]:<10}  {shown_task(j.task)[:24]:<24}  "
+            f"{attempt:<{wide}}  {j.run_at:%Y-%m-%d %H:%M:%S}  {error[0][:60]}"
         )
     return 0
 
@@ -356,7 +442,7 @@ def _graph(queue: Queue, args: argparse.Namespace) -> int:
     for job, parents in graph:
         cause = f"  (root cause: job {job.root_cause})" if job.root_cause else ""
         named = ", ".join(map(str, parents)) or "-"
-        print(f"{job.id:>6}  {job.status.value:<15}  {(job.task or '(payload)')[:24]:<24}  {named}{cause}")
+        print(f"{job.id:>6}  {job.status.value:<15}  {shown_task(job.task)[:24]:<24}  {named}{cause}")
     return 0
 
 
@@ -373,6 +459,10 @@ def _steps(queue: Queue, args: argparse.Namespace) -> int:
     ]
     if args.json:
         print(json.dumps(rows))
+        return 0
+    if not rows:
+        queue.get(args.id)  # an unknown job is an error, not an empty list
+        print(f"job {args.id} has no recorded steps")
         return 0
     print(f"{'step':<24}  {'status':<9}  {'attempt':>7}  value / error")
     for row in rows:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Coroutine, Generator, Sequence
+from collections.abc import Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -77,18 +77,47 @@ def sources(target: State, verb: str) -> tuple[State, ...]:
 
 
 def check_transition(job_id: int, current: State | str, target: State | str) -> None:
-    """Raise InvalidTransition unless current -> target is legal; the message names the moves allowed."""
+    """Raise InvalidTransition unless current -> target is legal; the message names the states a
+    job must be in for that change ("only pending, failed, blocked or running jobs can be cancelled")."""
     current, target = State(current), State(target)
     if (current, target) in TRANSITIONS:
         return
-    allowed = sorted(b.value for (a, b) in TRANSITIONS if a == current)
+    allowed = [a for a in _STATE_ORDER if (a, target) in TRANSITIONS]
+    change = _CHANGES.get(target, f"become {target.value}")
     if not allowed:
-        hint = "it has finished, for good"
-    elif current in FINISHED:
-        hint = "it has finished; requeue it for a fresh start"
-    else:
-        hint = f"from {current.value} it may become: {', '.join(allowed)}"
-    raise InvalidTransition(f"job {job_id} is {current.value}; it cannot become {target.value} ({hint})")
+        raise InvalidTransition(f"job {job_id} is {current.value}: no job can {change}")
+    hint = ""
+    if current in (State.DEAD, State.CANCELLED) and target is not State.PENDING:
+        hint = " (requeue it for a fresh start)"
+    raise InvalidTransition(
+        f"job {job_id} is {current.value}: only {_either(a.value for a in allowed)} jobs can {change}{hint}"
+    )
+
+
+#: The order states are named in messages: a job's life, roughly.
+_STATE_ORDER = (
+    State.PENDING,
+    State.FAILED,
+    State.BLOCKED,
+    State.RUNNING,
+    State.COMPLETED,
+    State.DEAD,
+    State.CANCELLED,
+    State.UPSTREAM_FAILED,
+)
+#: How a message says "move to this state" (the rest: "become <state>").
+_CHANGES = {
+    State.RUNNING: "start running",
+    State.COMPLETED: "be completed",
+    State.FAILED: "be failed",
+    State.CANCELLED: "be cancelled",
+}
+
+
+def _either(words: Iterable[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    items = list(words)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
 
 
 def check_claim(job: Job, target: State | None) -> None:
@@ -294,18 +323,15 @@ class Job:
 
     def __repr__(self) -> str:
         what = self.task or "payload"
-        return (
-            f"<Job {self.id} {self.status.value} {what} queue={self.queue!r} "
-            f"retries={self.retries}/{self.max_retries}>"
-        )
+        return f"<Job {self.id} {self.status.value} {what} queue={self.queue!r} {attempt_text(self)}>"
 
     def _repr_html_(self) -> str:
         rows = [
             ("status", self.status.value),
-            ("task", self.task or "(raw payload)"),
+            ("task", shown_task(self.task)),
             ("queue", self.queue),
             ("priority", self.priority),
-            ("attempts", f"{self.attempts} (retries {self.retries} of {self.max_retries})"),
+            ("attempt", attempt_text(self)),
             ("run at", self.run_at.isoformat(timespec="seconds")),
             ("payload", json.dumps(self.payload)[:300]),
         ]

@@ -42,9 +42,10 @@ def test_stats_counts_every_state(db: str) -> None:
     done = run("stats", db, "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {s.value: 0 for s in nbqueue.State} | {"pending": 2}
-    table = run("stats", db).stdout
+    table, by_task = run("stats", db).stdout.split("\n\n")
     rows = dict(line.split() for line in table.splitlines())
     assert rows == {s.value: "0" for s in nbqueue.State} | {"pending": "2", "total": "2"}
+    assert by_task.strip() == "2 pending raw payload job(s) (taken by claim(), never by a worker)"
 
 
 def test_jobs_lists_dead_ones_with_their_error(db: str) -> None:
@@ -257,3 +258,216 @@ def test_cli_parses_retention_durations() -> None:
     args = cli.parser().parse_args(["worker", "x.db", "--mode", "process", "--retention", "7d"])
     assert (args.mode, args.retention) == ("process", 7 * 86400)
     assert cli.duration("1d12h") == 36 * 3600
+
+
+# -- what a person reads ----------------------------------------------------------------------
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """main() in this process (fast): its exit status, stdout and stderr."""
+    from nbqueue import cli as command_line
+
+    status = command_line.main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["stats"],
+        ["stats", "--json"],
+        ["jobs"],
+        ["jobs", "--status", "dead"],
+        ["graph", "1"],
+        ["steps", "1"],
+        ["schedules"],
+        ["schedules", "--remove", "nightly"],
+        ["requeue", "--all-dead"],
+        ["cancel", "1"],
+        ["purge"],
+    ],
+)
+def test_commands_on_a_missing_file_say_so_and_create_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: list[str]
+) -> None:
+    path = tmp_path / "typo.db"
+    status, out, err = cli(capsys, command[0], str(path), *command[1:])
+    assert status == 1
+    assert err.strip() == f"nbqueue: error: no queue at {path}"
+    assert out == ""
+    assert not path.exists()
+    assert list(tmp_path.iterdir()) == []  # no -wal or -shm either
+
+
+def test_a_missing_file_from_nbqueue_url_is_refused_too(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "nowhere.db"
+    monkeypatch.setenv("NBQUEUE_URL", str(path))
+    status, _, err = cli(capsys, "jobs")
+    assert (status, err.strip()) == (1, f"nbqueue: error: no queue at {path}")
+    assert not path.exists()
+
+
+def test_stats_names_the_tasks_that_pending_jobs_wait_for(
+    capsys: pytest.CaptureFixture[str], db: str
+) -> None:
+    with Queue(db) as q:
+        download = q.task(name="__main__.download")(lambda url: url)
+        resize = q.task(name="images.resize")(lambda path: path)
+        for i in range(3):
+            download.enqueue(f"u{i}")
+        resize.enqueue("a.png")
+        q.enqueue({"raw": 1})
+        done = resize.enqueue("b.png")
+        claimed = q.claim()
+        assert claimed is not None and claimed.id != done.id
+        q.complete(claimed, None)  # the first download: no longer pending
+    status, out, _ = cli(capsys, "stats", db)
+    assert status == 0
+    assert out.split("\n\n")[1].splitlines() == [
+        "2 pending job(s) of task download",  # shown without __main__.
+        "2 pending job(s) of task images.resize",
+        "1 pending raw payload job(s) (taken by claim(), never by a worker)",
+    ]
+    status, out, _ = cli(capsys, "stats", db, "--json")
+    assert json.loads(out)["pending"] == 5  # the JSON keeps its shape: state -> count
+
+
+def test_stats_of_an_empty_queue_lists_no_tasks(capsys: pytest.CaptureFixture[str], db: str) -> None:
+    Queue(db).close()
+    status, out, _ = cli(capsys, "stats", db)
+    assert status == 0 and "\n\n" not in out and "total            0" in out
+
+
+def test_stats_by_task_on_postgres(capsys: pytest.CaptureFixture[str], pg_url: str) -> None:
+    with Queue(pg_url) as q:
+        fetch = q.task(name="crawler.fetch")(lambda url: url)
+        fetch.enqueue("a")
+        fetch.enqueue("b")
+    status, out, err = cli(capsys, "stats", pg_url)
+    assert status == 0, err
+    assert out.split("\n\n")[1].strip() == "2 pending job(s) of task crawler.fetch"
+    status, out, _ = cli(capsys, "jobs", pg_url, "--status", "dead")
+    assert (status, out.strip()) == (0, f"no dead jobs in {nbqueue.Queue(pg_url)}")
+
+
+def test_jobs_lists_attempts_as_attempt_k_of_n(capsys: pytest.CaptureFixture[str], db: str) -> None:
+    with Queue(db) as q:
+        download = q.task(name="__main__.download", max_retries=3)(lambda url: url)
+        waiting = download.enqueue("a")
+        failing = download.enqueue("b")
+        claimed = q.claim()
+        assert claimed is not None and claimed.id == waiting.id
+        q.complete(claimed, "ok")
+        claimed = q.claim()
+        assert claimed is not None and claimed.id == failing.id
+        q.fail(claimed, "the API said no")
+        fresh = q.enqueue({"n": 1}, max_retries=0)
+    status, out, _ = cli(capsys, "jobs", db)
+    assert status == 0
+    header, *lines = out.splitlines()
+    assert header.split()[:5] == ["id", "status", "queue", "task", "attempt"]
+    assert "tries" not in out and "/3" not in out
+    rows = {int(line.split()[0]): line for line in lines}
+    assert "download" in rows[waiting.id] and "__main__" not in out
+    assert "attempt 1 of 4 " in rows[waiting.id]  # completed at its first attempt
+    assert "attempt 1 of 4 failed" in rows[failing.id] and rows[failing.id].endswith("the API said no")
+    assert "next: attempt 1 of 1" in rows[fresh.id] and "(payload)" in rows[fresh.id]
+    status, out, _ = cli(capsys, "jobs", db, "--json")
+    listed = {j["id"]: j for j in json.loads(out)}
+    assert listed[failing.id]["attempt"] == "attempt 1 of 4 failed"
+    assert listed[failing.id]["task"] == "__main__.download"  # JSON keeps the stored name
+    assert (listed[failing.id]["retries"], listed[failing.id]["max_retries"]) == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ([], "no jobs in DB"),
+        (["--status", "dead"], "no dead jobs in DB"),
+        (["--queue", "images"], "no jobs in queue 'images' in DB"),
+        (["--status", "failed", "--queue", "images"], "no failed jobs in queue 'images' in DB"),
+    ],
+)
+def test_empty_lists_say_so(
+    capsys: pytest.CaptureFixture[str], db: str, options: list[str], said: str
+) -> None:
+    Queue(db).close()
+    status, out, _ = cli(capsys, "jobs", db, *options)
+    assert (status, out.strip()) == (0, said.replace("DB", db))
+    status, out, _ = cli(capsys, "jobs", db, *options, "--json")
+    assert json.loads(out) == []
+
+
+def test_empty_schedules_and_steps_say_so(capsys: pytest.CaptureFixture[str], db: str) -> None:
+    with Queue(db) as q:
+        job = q.enqueue({"n": 1})
+    assert cli(capsys, "schedules", db)[1].strip() == f"no schedules in {db}"
+    assert cli(capsys, "steps", db, str(job.id))[1].strip() == f"job {job.id} has no recorded steps"
+    status, _, err = cli(capsys, "steps", db, "999")
+    assert status == 1 and "no job with id 999" in err
+
+
+def test_cancelling_a_finished_job_says_which_jobs_can_be(
+    capsys: pytest.CaptureFixture[str], db: str
+) -> None:
+    with Queue(db) as q:
+        job = q.enqueue({"n": 1})
+        claimed = q.claim()
+        assert claimed is not None
+        q.complete(claimed, None)
+    status, _, err = cli(capsys, "cancel", db, str(job.id))
+    assert status == 1
+    assert err.strip() == (
+        f"nbqueue: error: {db}: job {job.id} is completed: "
+        "only pending, failed, blocked or running jobs can be cancelled"
+    )
+
+
+def test_worker_says_which_pending_jobs_it_has_no_task_for(db: str, tmp_path: Path) -> None:
+    (tmp_path / "cli_other_tasks.py").write_text(
+        "import nbqueue\n\nq = nbqueue.Queue(" + repr(db) + ")\n\n@q.task(name='other.thing')\n"
+        "def thing():\n    return 1\n"
+    )
+    with Queue(db) as q:
+        download = q.task(name="__main__.download")(lambda url: url)
+        for i in range(12):
+            download.enqueue(f"u{i}")
+        q.task(name="pkg.resize")(lambda: None).enqueue()
+        q.task(name="pkg.elsewhere", queue="slow")(lambda: None).enqueue()  # not a queue it serves
+        q.enqueue({"raw": 1})  # raw payloads are never a worker's
+    command = [sys.executable, "-m", "nbqueue", "worker", db, "--import", "cli_other_tasks"]
+    worker = subprocess.Popen(
+        [*command, "--queues", "default"], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert worker.stderr is not None
+        first = worker.stderr.readline()
+        started = worker.stderr.readline()
+        worker.send_signal(signal.SIGINT)
+        rest, _ = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert first.strip() == (
+        "nbqueue worker: no task here for 13 pending job(s) of: download (12), pkg.resize (1); "
+        "start the worker with --import MODULE"
+    )
+    assert "1 task(s)" in started
+    assert worker.returncode == 0, rest
+    with Queue(db) as q:
+        assert q.counts()["pending"] == 15  # nothing taken, nothing dropped
+
+
+def test_worker_with_every_task_says_nothing_about_missing_ones(db: str, tmp_path: Path) -> None:
+    from nbqueue import cli as command_line
+
+    with Queue(db) as q:
+        q.task(name="cli.present")(lambda: None).enqueue()
+        assert command_line._unserved(q, ["cli.present"], None) is None
+        q.task(name="nbqueue.cell")(lambda code, name="cell": None).enqueue("1")  # code: --allow-code
+        said = command_line._unserved(q, ["cli.present"], None)
+    assert said is not None and "nbqueue.cell (1)" in said and "--allow-code" in said
+    assert "--import" not in said

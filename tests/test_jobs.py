@@ -82,3 +82,30 @@ def test_every_pair_is_covered() -> None:
 def test_finished_states_never_move_by_themselves(state: State) -> None:
     # Only a human requeue (or a replay of a completed job's steps) takes a job out of a finished state.
     assert all(verb in ("requeue", "replay") for (a, _), verb in TRANSITIONS.items() if a == state)
+
+
+@pytest.mark.parametrize(
+    ("current", "target", "said"),
+    [
+        (
+            S.COMPLETED,
+            S.CANCELLED,
+            "job 5 is completed: only pending, failed, blocked or running jobs can be cancelled",
+        ),
+        (
+            S.DEAD,
+            S.CANCELLED,
+            "job 5 is dead: only pending, failed, blocked or running jobs can be cancelled",
+        ),
+        (S.PENDING, S.COMPLETED, "job 5 is pending: only running jobs can be completed"),
+        (S.DEAD, S.RUNNING, "job 5 is dead: only pending or failed jobs can start running"),
+    ],
+)
+def test_an_illegal_transition_names_the_states_it_is_allowed_from(
+    current: State, target: State, said: str
+) -> None:
+    with pytest.raises(nbqueue.InvalidTransition) as info:
+        check_transition(5, current, target)
+    message = str(info.value)
+    assert message.startswith(said)
+    assert "may become" not in message and "nothing" not in message

@@ -181,3 +181,51 @@ def last_line(text: str | None) -> str | None:
     """The last line of an error (its exception), or None."""
     lines = (text or "").strip().splitlines()
     return lines[-1] if lines else None
+
+
+def with_failures(frame: pd.DataFrame, failures: dict[int, int]) -> pd.DataFrame:
+    """A jobs frame with a `failures` column: each job's failed attempts (0 when none)."""
+    pandas = _pandas()
+    frame["failures"] = pandas.array([failures.get(int(i), 0) for i in frame["id"]], dtype="int64")
+    return frame
+
+
+def attempts_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
+    """One row per attempt (storage's attempt rows, in order): attempt, started, finished,
+    duration (seconds, NaN while running), worker, host, pid, outcome ("running" while it runs), error."""
+    pandas = _pandas()
+    started = pandas.to_datetime([_time(r[1]) for r in rows], utc=True)
+    finished = pandas.to_datetime([_time(r[2]) for r in rows], utc=True)
+    frame = pandas.DataFrame(
+        {
+            "attempt": pandas.array([int(r[0]) for r in rows], dtype="int64"),
+            "started": started,
+            "finished": finished,
+            "duration": pandas.array(
+                [(r[2] - r[1]) / 1e6 if r[2] is not None else float("nan") for r in rows], dtype="float64"
+            ),
+            "worker": pandas.array([r[3] for r in rows], dtype="string"),
+            "host": pandas.array([r[4] for r in rows], dtype="string"),
+            "pid": pandas.array([r[5] for r in rows], dtype="Int64"),
+            "outcome": pandas.array([r[6] or "running" for r in rows], dtype="string"),
+            "error": pandas.Series([r[7] for r in rows], dtype="object"),
+        }
+    )
+    result: pd.DataFrame = frame
+    return result
+
+
+def activity_frame(first: int, minutes: int, counts: dict[int, tuple[int, int]]) -> pd.DataFrame:
+    """Per minute from minute number `first` (time // 60 s) on, `minutes` of them: completed and failed."""
+    pandas = _pandas()
+    numbers = range(first, first + minutes)
+    index = pandas.DatetimeIndex([from_us(m * 60_000_000) for m in numbers], name="minute")
+    frame = pandas.DataFrame(
+        {
+            "completed": pandas.array([counts.get(m, (0, 0))[0] for m in numbers], dtype="int64"),
+            "failed": pandas.array([counts.get(m, (0, 0))[1] for m in numbers], dtype="int64"),
+        },
+        index=index,
+    )
+    result: pd.DataFrame = frame
+    return result

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,11 +59,38 @@ from .workflows import Plan, Planned, Workflow
 log = logging.getLogger("nbqueue.manager")
 
 RECOVER_BATCH = 500
+MINUTE_US = 60_000_000
 LIMITS_RECHECK = 1.0  # seconds a claim trusts its last look for jobs that hold limit keys
 BURY_RETRIES = 20  # damaged rows buried in a row before a claim gives up for now
 GRAPH_LIMIT = 100_000  # jobs a graph shows at most
 
 EVERY_STEP = -(2**62)  # replay from the start: forget every step
+
+
+def this_host() -> str:
+    """This machine as a claim records it: its node name and its pid namespace, so that two
+    containers of one hostname are never taken for one host (their pids mean different processes)."""
+    name = os.uname().nodename
+    try:
+        return f"{name}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:  # no /proc (macOS): the node name alone
+        return name
+
+
+HOST = this_host()
+
+
+def process_gone(pid: int | None) -> bool:
+    """True only when no process `pid` exists on this host (a process of another user is alive)."""
+    if pid is None or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: it exists
+        return False
+    return False
 
 
 STORED_PREFIX = "schedule:"  # the slots of stored schedules (storage deletes them by it too)
@@ -83,6 +111,13 @@ class Periodic:
     def slot_name(self) -> str:
         """Under which name its last slot is kept (a stored schedule's never meets a task's)."""
         return f"{STORED_PREFIX}{self.name}" if self.name else self.task.name
+
+
+def mine(request: ClaimRequest) -> ClaimRequest:
+    """A claim request that names this process (its host and pid), for orphan recovery."""
+    if request.host is not None:
+        return request
+    return request._replace(host=HOST, pid=os.getpid())
 
 
 class JobManager:
@@ -275,6 +310,7 @@ class JobManager:
         While jobs holding limit keys wait, the claim weighs the limits (nbqueue.limits) in
         the storage's transaction; otherwise it is one statement.
         """
+        request = mine(request)
         for _ in range(BURY_RETRIES):
             if self._limits_matter(request.where):
                 row = self.storage.claim_limited(request, self.stamp(), self._choose)
@@ -360,6 +396,7 @@ class JobManager:
         text = payload_json.dumps(result, "result")
         output = payload_json.text(check_output(output))
         now = self.stamp()
+        then_claim = None if then_claim is None else mine(then_claim)
         done, following = self.storage.complete(job.id, job.attempts, text, output, now, then_claim)
         if not done:
             raise self._lease_lost(job, "complete")
@@ -426,7 +463,70 @@ class JobManager:
                 ):
                     recovered.append((job, failure.verdict))
             if len(batch) < RECOVER_BATCH:
-                return recovered
+                return recovered + self.recover_orphans()
+
+    def recover_orphans(self) -> list[tuple[Job, Verdict]]:
+        """Fail the running jobs claimed by a process of this host that is gone, without waiting
+        for their lease (the same rule as an expired lease: retried or dead). A live process's job,
+        and any job of another host, is never touched."""
+        recovered = []
+        for row, pid in self.storage.running_on(HOST):
+            if not process_gone(pid):
+                continue
+            try:
+                job = from_row(row).attach(self)
+            except DamagedJob as exc:
+                self.storage.bury(int(row[0]), str(exc), self.stamp())
+                continue
+            failure = policy.after_failure(job, self.backoff)
+            why = policy.worker_gone(pid, HOST)
+            if self.storage.fail(
+                job.id, job.attempts, why, job.output, failure.state, failure.delay_us, self.stamp()
+            ):
+                log.warning("job %d recovered: %s", job.id, why)
+                recovered.append((job, failure.verdict))
+        return recovered
+
+    def silent(self, jobs: Iterable[Job | int]) -> set[int]:
+        """The running jobs among these whose worker is gone or silent: its process on this host is
+        gone, or its lease has not been renewed for more than two heartbeat intervals (a worker
+        heartbeats every lease / 3). Jobs not running are never silent."""
+        ids = sorted({check_id(getattr(j, "id", j)) for j in jobs})
+        if not ids:
+            return set()
+        now = self.now_us()
+        found = set()
+        for job_id, status, host, pid, lease_until, lease_us in self.storage.claims(ids):
+            if status != State.RUNNING.value:
+                continue
+            if host == HOST and process_gone(pid):
+                found.add(int(job_id))
+            elif lease_until is not None and lease_us:
+                renewed = int(lease_until) - int(lease_us)
+                if now - renewed > policy.SILENT_AFTER_BEATS * int(lease_us) / policy.HEARTBEATS_PER_LEASE:
+                    found.add(int(job_id))
+        return found
+
+    def attempts(self, job_id: int) -> list[Row]:
+        """A job's attempts (attempt, started_at, finished_at, worker_id, host, pid, outcome, error);
+        raises JobNotFound for an unknown job."""
+        rows = self.storage.attempts(check_id(job_id))
+        if not rows and self.storage.get(job_id) is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        return rows
+
+    def activity(self, minutes: int) -> tuple[int, dict[int, tuple[int, int]]]:
+        """The first of the last `minutes` minutes (minute number: time // 60 s) and, per minute
+        number, the attempts that ended in it: (completed, failed)."""
+        if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= 100_000:
+            raise InvalidArgument(f"minutes must be a whole number from 1 to 100000, not {minutes!r}")
+        first = self.now_us() // MINUTE_US - (minutes - 1)
+        rows = self.storage.activity(first * MINUTE_US)
+        return first, {int(m): (int(c or 0), int(f or 0)) for m, c, f in rows}
+
+    def failures(self, job_ids: Sequence[int]) -> dict[int, int]:
+        """Failed attempts (failed, dead, timeout, lost) of each of these jobs that has any."""
+        return self.storage.failures(list(job_ids)) if job_ids else {}
 
     def record_progress(self, job: Job, done: float, total: float | None, message: str) -> bool:
         """Store a running job's progress; False once its claim is gone."""

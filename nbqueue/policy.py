@@ -105,7 +105,18 @@ def due_slot(schedule: Every | Cron, now: datetime, last_us: int | None) -> Slot
     return Slot(slot, enqueue=True)
 
 
+HEARTBEATS_PER_LEASE = 3  # a worker renews its claims' leases every lease / 3
+#: A running job whose lease was not renewed for this many heartbeat intervals is silent.
+SILENT_AFTER_BEATS = 2
+
 LEASE_EXPIRED = "lease expired (the worker stopped heartbeating: crashed, killed or hung)"
+
+
+def worker_gone(pid: int | None, host: str) -> str:
+    """Why a job whose claiming process is gone was recovered before its lease ran out."""
+    return f"lost: worker process {pid} on {host} is gone"
+
+
 NOT_SIGNED = (
     "not run: this job is not signed by this notebook's user (it was written by another process, or "
     "altered); it stays pending. If you trust it, q.approve(job_id) signs it and it runs."

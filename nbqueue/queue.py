@@ -323,8 +323,15 @@ class Queue:
         return self.manager.release(job)
 
     def recover(self) -> int:
-        """Fail every job whose lease expired (a crashed worker): retry or dead by its rules."""
+        """Fail every job whose lease expired (a crashed worker), and every running job whose
+        worker process on this host is gone (at once, without waiting for its lease): retry or
+        dead by its rules."""
         return len(self.manager.recover())
+
+    def silent_jobs(self, jobs: Iterable[Job | int]) -> set[int]:
+        """The ids of the running jobs among these whose worker is gone or silent: its process on
+        this host is gone, or its lease was not renewed for more than two heartbeat intervals."""
+        return self.manager.silent(jobs)
 
     # -- managing --------------------------------------------------------------
 
@@ -409,8 +416,29 @@ class Queue:
     def history(
         self, status: str | Sequence[str] | None = None, queue: str | None = None, limit: int = 1000
     ) -> pd.DataFrame:
-        """Jobs as a pandas DataFrame, newest first, with UTC datetimes and categories."""
-        return frames.jobs_frame(self.manager.rows(*_page(status, queue, limit, 0)))
+        """Jobs as a pandas DataFrame, newest first, with UTC datetimes and categories; `failures`
+        counts each job's failed attempts (failed, dead, timed out or lost), so that
+        ``h.groupby("task")[["attempts", "failures"]].sum()`` is the failure rate per task."""
+        rows = self.manager.rows(*_page(status, queue, limit, 0))
+        return frames.with_failures(frames.jobs_frame(rows), self.manager.failures([int(r[0]) for r in rows]))
+
+    def attempts(self, job: Job | int) -> pd.DataFrame:
+        """Every attempt of a job, in order, one row each: attempt (int), started and finished (UTC
+        datetimes; finished NaT while it runs), duration (seconds; NaN while it runs), worker,
+        host, pid, outcome ("completed", "failed", "dead", "timeout", "lost", "snoozed",
+        "released", "cancelled", or "running") and error (its error text, or None).
+
+        Raises JobNotFound for a job that does not exist.
+        """
+        [one] = waiting.job_ids(job)
+        return frames.attempts_frame(self.manager.attempts(one))
+
+    def activity(self, minutes: int = 60) -> pd.DataFrame:
+        """Attempts that ended in each of the last `minutes` minutes (UTC), one row per minute,
+        every minute present: index "minute" (the minute's start), columns completed and failed
+        (ended failed, dead, timed out or lost). Reads only the attempts by their end time."""
+        first, counts = self.manager.activity(minutes)
+        return frames.activity_frame(first, minutes, counts)
 
     def dead_letters(self, queue: str | None = None, limit: int = 1000) -> pd.DataFrame:
         """Dead jobs as a DataFrame, with their last error, newest first."""

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import cells, notebooks
+from . import cells, notebooks, policy
 from . import tasks as registry
 from .aio import JobLoop, foreign_loop
 from .capture import captured, tail
@@ -60,6 +60,7 @@ IDLE_RECHECK = 0.5  # seconds an idle thread sleeps before re-reading the due ti
 CANCEL_EVERY = 0.5  # seconds between checks for running jobs cancelled with q.cancel()
 PERIODIC_EVERY = 1.0  # seconds between checks for periodic slots
 KILL_GRACE = 5.0  # seconds stop() gives a process-mode runner to kill its child
+RECOVER_EVERY = 2.0  # seconds between recoveries at most: expired leases, and jobs of gone processes
 TIDY_EVERY = 10.0  # seconds between storage housekeeping (PostgreSQL folds its count changes)
 PRUNE_BATCH = 500
 PRUNED = (State.COMPLETED,)  # retention prunes completed jobs; dead ones wait for a person
@@ -143,8 +144,10 @@ class Worker:
             notebooks.notebook_task(self.manager, notebook_dir)
             self.allow += (cells.CELL_TASK, notebooks.NOTEBOOK_TASK)
         self.worker_id = worker_id or default_worker_id()
+        # Often enough that a job whose worker process on this host died is back within seconds
+        # (manager.recover_orphans), whatever the lease; an expired lease is found by the same chore.
         self.recover_interval = seconds(recover_interval, "recover_interval") or max(
-            0.05, min(self.lease / 4, 10.0)
+            0.05, min(self.lease / 4, RECOVER_EVERY)
         )
         self.completed = 0
         self.failed = 0
@@ -509,7 +512,7 @@ class Worker:
     def _keeper(self) -> None:
         chores: list[tuple[float, Callable[[], object]]] = [
             (self.recover_interval, lambda: self._guard(self._recover)),
-            (self.lease / 3, self._beat),
+            (self.lease / policy.HEARTBEATS_PER_LEASE, self._beat),
             (CANCEL_EVERY, lambda: self._guard(self._watch_cancellations)),
             (PERIODIC_EVERY, lambda: self._guard(lambda: self.manager.tick_periodic(self._filter().tasks))),
             (TIDY_EVERY, lambda: self._guard(self.manager.tidy)),

@@ -61,18 +61,20 @@ def postgres_at(server: str, schema: str, version: int) -> None:
 
 def check_upgraded(q: nbqueue.Queue) -> None:
     """The old jobs are there, counted, claimable and requeueable on the upgraded schema; a job
-    keeps files (version 7), and they go when it is deleted."""
+    keeps files (version 7) and attempts (version 8), and they go when it is deleted."""
     assert q.get(1).payload == {"kept": True}
     assert q.counts()["pending"] == 1 and q.counts()["dead"] == 1
     job = q.claim()
     assert job is not None and job.id == 1
     assert q.manager.save_file(job, "out.ipynb", "{}")
     q.complete(job, "ok")
+    assert list(q.attempts(1)["outcome"]) == ["completed"]  # version 8: every attempt recorded
     assert q.requeue(None) == 1
     assert q.counts() == {**dict.fromkeys(q.counts(), 0), "completed": 1, "pending": 1}
     assert q.manager.file_names([1, 2]) == {1: ["out.ipynb"]}
     assert q.delete(1) == 1
     assert q.manager.load_file(1, "out.ipynb") is None
+    assert q.manager.storage.attempts(1) == []
     assert q.counts() == {**dict.fromkeys(q.counts(), 0), "pending": 1}
 
 
@@ -104,6 +106,45 @@ def test_postgres_schemas_of_every_older_version_are_upgraded(
             pg_sql.SQL("SELECT version FROM {}.nbqueue_meta").format(pg_sql.Identifier(pg_schema))
         ).fetchone()  # type: ignore[misc]
     assert found == postgres_queries.SCHEMA_VERSION
+
+
+CLAIMED_AT_V7 = (
+    "UPDATE {t} SET status = 'running', attempts = 1, started_at = 1, lease_until = 9000000000000000, "
+    "lease_us = 60000000, worker_id = 'old' WHERE id = 1"
+)
+
+
+def check_v7_claim_finishes(q: nbqueue.Queue) -> None:
+    """A job claimed before version 8 (no attempt row, no host) finishes; later claims are recorded."""
+    assert q.recover() == 0  # its claimer is unknown: never taken for a gone process
+    job = q.get(1)
+    assert job.status == "running" and q.attempts(1).empty
+    q.fail(job, "after the upgrade", retry=False)
+    assert q.attempts(1).empty  # that attempt began before attempts were recorded
+    assert q.requeue([1]) == 1
+    again = q.claim()
+    assert again is not None and again.id == 1
+    q.complete(again, "ok")
+    assert list(q.attempts(1)["outcome"]) == ["completed"] and list(q.attempts(1)["attempt"]) == [2]
+
+
+def test_a_sqlite_file_claimed_at_version_7_upgrades(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    sqlite_at(path, 7)
+    with sqlite3.connect(path) as conn:
+        conn.execute(CLAIMED_AT_V7.format(t="nbqueue_jobs"))
+    conn.close()
+    with nbqueue.Queue(path) as q:
+        check_v7_claim_finishes(q)
+
+
+def test_a_postgres_schema_claimed_at_version_7_upgrades(pg_server: str, pg_schema: str) -> None:
+    postgres_at(pg_server, pg_schema, 7)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        table = pg_sql.SQL("{}.nbqueue_jobs").format(pg_sql.Identifier(pg_schema))
+        conn.execute(pg_sql.SQL(CLAIMED_AT_V7).format(t=table))  # type: ignore[arg-type]
+    with nbqueue.Queue(f"{pg_server}?schema={pg_schema}") as q:
+        check_v7_claim_finishes(q)
 
 
 def test_a_fresh_queue_is_at_the_latest_version_on_both_backends(

@@ -113,6 +113,8 @@ class ClaimRequest(NamedTuple):
     where: Filter
     worker_id: str
     lease_us: int
+    host: str | None = None  # the claiming process's host (nbqueue.manager.this_host) and pid:
+    pid: int | None = None  # a job whose process is gone is recovered at once
 
 
 class Storage(Protocol):
@@ -337,6 +339,26 @@ class Storage(Protocol):
 
     def expired(self, now: int | None, limit: int) -> list[Row]:
         """Running jobs whose lease ended before now, oldest lease first."""
+        ...
+
+    def running_on(self, host: str) -> list[tuple[Row, int | None]]:
+        """The running jobs claimed by processes of `host`, each with the claiming process's pid."""
+        ...
+
+    def claims(self, job_ids: Sequence[int]) -> list[Row]:
+        """(id, status, worker_host, worker_pid, lease_until, lease_us) of those jobs that exist."""
+        ...
+
+    def attempts(self, job_id: int) -> list[Row]:
+        """A job's attempts: attempt, started_at, finished_at, worker_id, host, pid, outcome, error."""
+        ...
+
+    def activity(self, since: int) -> list[Row]:
+        """(minute number (time // 60 s), completed, failed) for attempts that ended at or after `since`."""
+        ...
+
+    def failures(self, job_ids: Sequence[int]) -> dict[int, int]:
+        """Failed attempts of each of these jobs (jobs without any left out)."""
         ...
 
     def delete(self, job_ids: Sequence[int]) -> int:

@@ -320,8 +320,9 @@ class PostgresStorage:
         raise StorageError(f"{self._where}: the key kept changing hands")
 
     def _claim_params(self, request: ClaimRequest) -> Params:
-        where, worker_id, lease_us = request
-        return {**_filter_params(where), "worker": worker_id, "lease": lease_us, "token": _token()}
+        where, worker_id, lease_us, host, pid = request
+        params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "token": _token()}
+        return {**params, "host": host, "pid": pid}
 
     def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
         if request.where.matches_nothing:
@@ -736,6 +737,22 @@ class PostgresStorage:
 
     def expired(self, now: int | None, limit: int) -> list[Row]:
         return self._rows(sql.EXPIRED, {"now": now, "limit": limit})
+
+    def running_on(self, host: str) -> list[tuple[Row, int | None]]:
+        return [(tuple(r[:-1]), r[-1]) for r in self._rows(sql.RUNNING_ON, {"host": host})]
+
+    def claims(self, job_ids: Sequence[int]) -> list[Row]:
+        return self._rows(sql.CLAIMS, {"ids": list(job_ids)}) if job_ids else []
+
+    def attempts(self, job_id: int) -> list[Row]:
+        return self._rows(sql.ATTEMPTS, {"id": job_id})
+
+    def activity(self, since: int) -> list[Row]:
+        return self._rows(sql.ACTIVITY, {"since": since})
+
+    def failures(self, job_ids: Sequence[int]) -> dict[int, int]:
+        rows = self._rows(sql.FAILURES, {"ids": list(job_ids)}) if job_ids else []
+        return {int(job_id): int(n) for job_id, n in rows}
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         self._tidy_now_and_then()

@@ -12,10 +12,13 @@ from __future__ import annotations
 from ..jobs import COLUMNS, UNFINISHED, State
 from .rules import (
     ANY_STATE_SQL,
+    ATTEMPT_ERROR_SQL,
+    ATTEMPT_OUTCOME_SQL,
     BRIEF_ERROR,
     CANCELLABLE_SQL,
     CLAIM_ORDER,
     CLAIMABLE_SQL,
+    FAILED_OUTCOMES_SQL,
     FINISHED_SQL,
     HEADS,
     REPLAYABLE_SQL,
@@ -25,7 +28,7 @@ from .rules import (
     status_in,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
@@ -160,6 +163,33 @@ MIGRATIONS: dict[int, list[str]] = {
         "payload TEXT NOT NULL, spec TEXT NOT NULL, options TEXT NOT NULL, signature TEXT, "
         "updated_at BIGINT NOT NULL)",
     ],
+    # Every attempt recorded, and the claiming worker's host and process on the job (the same
+    # meaning as SQLite's version 8); the attempts are deleted with the job (_FORGET_GONE).
+    8: [
+        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN worker_host TEXT, ADD COLUMN worker_pid INTEGER",
+        "CREATE TABLE {s}.nbqueue_attempts (job_id BIGINT NOT NULL, attempt INTEGER NOT NULL, "
+        "started_at BIGINT NOT NULL, finished_at BIGINT, worker_id TEXT, host TEXT, pid INTEGER, "
+        "outcome TEXT, error TEXT, PRIMARY KEY (job_id, attempt))",
+        "CREATE INDEX nbqueue_attempts_finished ON {s}.nbqueue_attempts (finished_at) "
+        "WHERE finished_at IS NOT NULL",
+        f"""CREATE FUNCTION {{s}}.nbqueue_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.status = 'running' THEN
+                INSERT INTO {{s}}.nbqueue_attempts (job_id, attempt, started_at, worker_id, host, pid)
+                    VALUES (NEW.id, NEW.attempts, NEW.started_at, NEW.worker_id, NEW.worker_host,
+                    NEW.worker_pid) ON CONFLICT (job_id, attempt) DO NOTHING;
+            ELSE
+                UPDATE {{s}}.nbqueue_attempts SET finished_at = NEW.updated_at,
+                    outcome = {ATTEMPT_OUTCOME_SQL}, error = {ATTEMPT_ERROR_SQL}
+                    WHERE job_id = OLD.id AND attempt = OLD.attempts;
+            END IF;
+            RETURN NULL;
+        END $$""",
+        "CREATE TRIGGER nbqueue_attempt AFTER UPDATE OF status ON {s}.nbqueue_jobs FOR EACH ROW "
+        "WHEN (OLD.status IS DISTINCT FROM NEW.status "
+        "AND (OLD.status = 'running' OR NEW.status = 'running')) "
+        "EXECUTE FUNCTION {s}.nbqueue_attempt()",
+    ],
 }
 
 SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
@@ -199,7 +229,7 @@ def _take(chosen: str) -> str:
     """The claim's UPDATE of the `chosen` job (a SQL expression for its id)."""
     return (
         "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = %(worker)s, "
-        "claim_token = %(token)s, "
+        "worker_host = %(host)s, worker_pid = %(pid)s, claim_token = %(token)s, "
         "lease_until = c.now + %(lease)s, lease_us = %(lease)s, started_at = c.now, updated_at = c.now, "
         "progress_done = NULL, progress_total = NULL, progress_message = NULL "
         f"FROM c WHERE id = {chosen} {RETURNING_JOB}"
@@ -574,10 +604,11 @@ GET_MANY = f"{SELECT_JOBS} WHERE id = ANY(%(ids)s::bigint[])"
 EXPIRED = (
     f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= {NOW} ORDER BY lease_until LIMIT %(limit)s"
 )
-# A deleted job's steps, files and edges go with it.
+# A deleted job's steps, files, attempts and edges go with it.
 _FORGET_GONE = (
     "steps AS (DELETE FROM nbqueue_steps WHERE job_id IN (SELECT id FROM gone)), "
     "files AS (DELETE FROM nbqueue_files WHERE job_id IN (SELECT id FROM gone)), "
+    "attempts AS (DELETE FROM nbqueue_attempts WHERE job_id IN (SELECT id FROM gone)), "
     "parents AS (DELETE FROM nbqueue_edges WHERE parent IN (SELECT id FROM gone)), "
     "children AS (DELETE FROM nbqueue_edges WHERE child IN (SELECT id FROM gone))"
 )
@@ -635,3 +666,27 @@ ROWS = {
 
 SERVER_TIME = f"SELECT {SERVER_NOW}"
 WAKE = "SELECT pg_notify(%(channel)s, '')"
+
+# -- attempts --------------------------------------------------------------------------------
+
+ATTEMPTS = (
+    "SELECT attempt, started_at, finished_at, worker_id, host, pid, outcome, error FROM nbqueue_attempts "
+    "WHERE job_id = %(id)s ORDER BY attempt"
+)
+# Attempts that ended since then, per minute: read by the finished_at index only.
+ACTIVITY = (
+    "SELECT finished_at / 60000000, sum(CASE WHEN outcome = 'completed' THEN 1 ELSE 0 END), "
+    f"sum(CASE WHEN {FAILED_OUTCOMES_SQL} THEN 1 ELSE 0 END) FROM nbqueue_attempts "
+    "WHERE finished_at >= %(since)s AND finished_at IS NOT NULL GROUP BY 1"
+)
+FAILURES = (
+    f"SELECT job_id, count(*) FROM nbqueue_attempts WHERE job_id = {IDS} AND {FAILED_OUTCOMES_SQL} "
+    "GROUP BY job_id"
+)
+# The running jobs a host's workers claimed (with the claiming process): recovered when it is gone.
+RUNNING_ON = (
+    f"{SELECT_JOBS.replace(' FROM', ', worker_pid FROM')} WHERE status = 'running' AND worker_host = %(host)s"
+)
+CLAIMS = (
+    f"SELECT id, status, worker_host, worker_pid, lease_until, lease_us FROM nbqueue_jobs WHERE id = {IDS}"
+)

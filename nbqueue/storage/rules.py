@@ -56,3 +56,25 @@ BRIEF_ERROR = 2000
 
 #: The order claims take jobs in: higher priority, then earlier run_at, then first in.
 CLAIM_ORDER = "priority DESC, run_at, id"
+
+# -- attempts (schema version 8) -----------------------------------------------------------
+
+#: The outcomes of an attempt that count as a failure (q.activity's `failed`, history's `failures`).
+FAILED_OUTCOMES = ("failed", "dead", "timeout", "lost")
+FAILED_OUTCOMES_SQL = f"outcome IN ({', '.join(repr(o) for o in FAILED_OUTCOMES)})"
+#: How the job's new row names the attempt that just ended (in a trigger: `old` and `new` are the
+#: job's row before and after). A lost claim (lease expired, worker process gone) and a timeout
+#: are told by the error text the manager writes (policy.LEASE_EXPIRED, policy.worker_gone, the
+#: worker's "timed out after ..."); otherwise the state it moved to says it.
+ATTEMPT_OUTCOME_SQL = (
+    "CASE WHEN new.status = 'completed' THEN 'completed' WHEN new.status = 'cancelled' THEN 'cancelled' "
+    "WHEN new.status = 'pending' THEN CASE WHEN new.snoozes > old.snoozes THEN 'snoozed' ELSE 'released' END "
+    "WHEN new.error LIKE 'lease expired%' OR new.error LIKE 'lost: %' THEN 'lost' "
+    "WHEN new.error LIKE 'timed out%' THEN 'timeout' "
+    "WHEN new.status = 'dead' THEN 'dead' ELSE 'failed' END"
+)
+#: The error an ended attempt keeps (the job's, already capped; none for a success or a hand-back).
+ATTEMPT_ERROR_SQL = (
+    "CASE WHEN new.status IN ('completed', 'cancelled') "
+    "OR (new.status = 'pending' AND new.snoozes = old.snoozes) THEN NULL ELSE new.error END"
+)

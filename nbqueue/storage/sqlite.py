@@ -379,7 +379,7 @@ class SQLiteStorage:
 
     def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
         now = _stamp(now)
-        where, worker_id, lease_us = request
+        where, worker_id, lease_us, host, pid = request
         if where.matches_nothing:
             return None
         statement = sql.HEADS_IN_ANY_QUEUE if where.queues is None else sql.HEADS_IN_QUEUES
@@ -394,7 +394,8 @@ class SQLiteStorage:
                 return None
             job_id, tats = choice
             row: Row | None = conn.execute(
-                sql.TAKE_ID, {"id": job_id, "worker": worker_id, "lease": lease_us, "now": now}
+                sql.TAKE_ID,
+                {"id": job_id, "worker": worker_id, "lease": lease_us, "now": now, "host": host, "pid": pid},
             ).fetchone()
             for key, tat in tats.items():
                 conn.execute(sql.SET_TAT, {"key": key, "tat": tat})
@@ -636,6 +637,22 @@ class SQLiteStorage:
     def expired(self, now: int | None, limit: int) -> list[Row]:
         return self._read(sql.EXPIRED, {"now": _stamp(now), "limit": limit})
 
+    def running_on(self, host: str) -> list[tuple[Row, int | None]]:
+        return [(tuple(r[:-1]), r[-1]) for r in self._read(sql.RUNNING_ON, {"host": host})]
+
+    def claims(self, job_ids: Sequence[int]) -> list[Row]:
+        return self._read(sql.CLAIMS, {"ids": _ids(job_ids)}) if job_ids else []
+
+    def attempts(self, job_id: int) -> list[Row]:
+        return self._read(sql.ATTEMPTS, {"id": job_id})
+
+    def activity(self, since: int) -> list[Row]:
+        return self._read(sql.ACTIVITY, {"since": since})
+
+    def failures(self, job_ids: Sequence[int]) -> dict[int, int]:
+        rows = self._read(sql.FAILURES, {"ids": _ids(job_ids)}) if job_ids else []
+        return {int(job_id): int(n) for job_id, n in rows}
+
     def counts(self, queue: str | None = None) -> dict[str, int]:
         rows = self._read(sql.COUNTS_IN_QUEUE, {"queue": queue}) if queue else self._read(sql.COUNTS)
         found = {status: int(n) for status, n in rows}
@@ -711,11 +728,12 @@ class SQLiteStorage:
 
 def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Row | None:
     """Claim inside the caller's BEGIN IMMEDIATE: one UPDATE ... WHERE id = (best) RETURNING."""
-    where, worker_id, lease_us = request
+    where, worker_id, lease_us, host, pid = request
     if where.matches_nothing:
         return None
     statement = sql.CLAIM_FROM_ANY_QUEUE if where.queues is None else sql.CLAIM_FROM_QUEUES
     params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "now": now}
+    params.update(host=host, pid=pid)
     row: Row | None = conn.execute(statement, params).fetchone()
     return row
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 from ..jobs import COLUMNS, UNFINISHED, State
 from .rules import (
     ANY_STATE_SQL,
+    ATTEMPT_ERROR_SQL,
+    ATTEMPT_OUTCOME_SQL,
     BRIEF_ERROR,
     CANCELLABLE_SQL,
     CLAIM_ORDER,
     CLAIMABLE_SQL,
+    FAILED_OUTCOMES_SQL,
     FINISHED_SQL,
     HEADS,
     REPLAYABLE_SQL,
@@ -23,7 +26,7 @@ from .rules import (
     status_in,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 # The job columns as of version 5, copied when version 6 rebuilds the table.
 COLS_V5 = (
@@ -201,6 +204,38 @@ MIGRATIONS: dict[int, str] = {
         DELETE FROM nbqueue_edges WHERE child = old.id;
     END;
     """,
+    # Every attempt recorded: a row when a claim takes the job, finished when the claim ends
+    # (by triggers, so every path that claims or ends a claim writes it in its own transaction);
+    # the claiming worker's host and process on the job, so a gone process's job is recovered
+    # at once. The attempts go with the job (nbqueue_forget is made again).
+    8: f"""
+    ALTER TABLE nbqueue_jobs ADD COLUMN worker_host TEXT;
+    ALTER TABLE nbqueue_jobs ADD COLUMN worker_pid INTEGER;
+    CREATE TABLE nbqueue_attempts (
+        job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, started_at INTEGER NOT NULL,
+        finished_at INTEGER, worker_id TEXT, host TEXT, pid INTEGER, outcome TEXT, error TEXT,
+        PRIMARY KEY (job_id, attempt)
+    ) WITHOUT ROWID;
+    CREATE INDEX nbqueue_attempts_finished ON nbqueue_attempts (finished_at) WHERE finished_at IS NOT NULL;
+    CREATE TRIGGER nbqueue_attempt_start AFTER UPDATE OF status ON nbqueue_jobs
+        WHEN new.status = 'running' AND old.status != 'running' BEGIN
+        INSERT OR REPLACE INTO nbqueue_attempts (job_id, attempt, started_at, worker_id, host, pid)
+            VALUES (new.id, new.attempts, new.started_at, new.worker_id, new.worker_host, new.worker_pid);
+    END;
+    CREATE TRIGGER nbqueue_attempt_end AFTER UPDATE OF status ON nbqueue_jobs
+        WHEN old.status = 'running' AND new.status != 'running' BEGIN
+        UPDATE nbqueue_attempts SET finished_at = new.updated_at, outcome = {ATTEMPT_OUTCOME_SQL},
+            error = {ATTEMPT_ERROR_SQL} WHERE job_id = old.id AND attempt = old.attempts;
+    END;
+    DROP TRIGGER nbqueue_forget;
+    CREATE TRIGGER nbqueue_forget AFTER DELETE ON nbqueue_jobs BEGIN
+        DELETE FROM nbqueue_steps WHERE job_id = old.id;
+        DELETE FROM nbqueue_files WHERE job_id = old.id;
+        DELETE FROM nbqueue_attempts WHERE job_id = old.id;
+        DELETE FROM nbqueue_edges WHERE parent = old.id;
+        DELETE FROM nbqueue_edges WHERE child = old.id;
+    END;
+    """,
 }
 
 SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
@@ -230,7 +265,8 @@ EVERY_WAITING_QUEUE = (
 
 TAKE = (
     "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = :worker, "
-    "lease_until = :now + :lease, lease_us = :lease, started_at = :now, updated_at = :now, "
+    "worker_host = :host, worker_pid = :pid, lease_until = :now + :lease, lease_us = :lease, "
+    "started_at = :now, updated_at = :now, "
     "progress_done = NULL, progress_total = NULL, progress_message = NULL"
 )
 
@@ -515,7 +551,7 @@ PERIODIC_MOVE = "UPDATE nbqueue_periodic SET last_slot = :slot WHERE name = :nam
 GET = f"{SELECT_JOBS} WHERE id = :id"
 GET_MANY = f"{SELECT_JOBS} WHERE id IN {IDS}"
 EXPIRED = f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= :now ORDER BY lease_until LIMIT :limit"
-# A deleted job's steps, files and edges go with it (the nbqueue_forget trigger).
+# A deleted job's steps, files, attempts and edges go with it (the nbqueue_forget trigger).
 DELETE = f"DELETE FROM nbqueue_jobs WHERE id IN {IDS} AND {FINISHED_SQL} AND NOT {PARENT_NEEDED}"
 PURGE = (
     "DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs WHERE updated_at < :before "
@@ -552,4 +588,29 @@ IDENTITY = (
     "SELECT (SELECT application_id FROM pragma_application_id), "
     "(SELECT user_version FROM pragma_user_version), "
     "(SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%')"
+)
+
+# -- attempts --------------------------------------------------------------------------------
+
+ATTEMPTS = (
+    "SELECT attempt, started_at, finished_at, worker_id, host, pid, outcome, error FROM nbqueue_attempts "
+    "WHERE job_id = :id ORDER BY attempt"
+)
+# Attempts that ended since then, per minute: read by the finished_at index only.
+ACTIVITY = (
+    "SELECT finished_at / 60000000, sum(CASE WHEN outcome = 'completed' THEN 1 ELSE 0 END), "
+    f"sum(CASE WHEN {FAILED_OUTCOMES_SQL} THEN 1 ELSE 0 END) FROM nbqueue_attempts "
+    "WHERE finished_at >= :since AND finished_at IS NOT NULL GROUP BY 1"
+)
+FAILURES = (
+    f"SELECT job_id, count(*) FROM nbqueue_attempts WHERE job_id IN {IDS} AND {FAILED_OUTCOMES_SQL} "
+    "GROUP BY job_id"
+)
+# The running jobs a host's workers claimed (with the claiming process): recovered when it is gone.
+RUNNING_ON = (
+    f"SELECT {', '.join(COLUMNS)}, worker_pid FROM nbqueue_jobs "
+    "WHERE status = 'running' AND worker_host = :host"
+)
+CLAIMS = (
+    f"SELECT id, status, worker_host, worker_pid, lease_until, lease_us FROM nbqueue_jobs WHERE id IN {IDS}"
 )

@@ -12,6 +12,9 @@ import json
 import logging
 import os
 import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import ipywidgets as widgets
@@ -20,9 +23,11 @@ from .. import notebooks
 from ..dag import COLOURS, short, svg
 from ..errors import NbqueueError
 from ..frames import last_line
-from ..jobs import FINISHED, Job, State
+from ..jobs import FINISHED, Job, State, attempt_text, shown_task
 from ..queue import Queue
+from ..tracebacks import user_first
 from ..workflows import Planned, Workflow
+from .table import ClickTable
 
 log = logging.getLogger("nbqueue.views")
 
@@ -30,7 +35,6 @@ ALL = "all"
 FAMILY_SHOWN = 20  # parents or children the detail pane names
 GRAPH_DRAWN = 300  # jobs of a job's graph the detail pane draws (q.graph has them all)
 DETAIL_LIMIT = 20_000  # characters of a payload, result, error or output the detail pane shows
-NO_JOB = "choose a job…"
 
 
 def _pill(state: State, n: int) -> str:
@@ -41,63 +45,211 @@ def _pill(state: State, n: int) -> str:
     )
 
 
-def _when(job: Job) -> str:
-    return job.updated_at.strftime("%Y-%m-%d %H:%M:%S")
+def ago(when: datetime | None, now: datetime) -> str:
+    """How long ago, in the fewest characters that still read: "4 s ago", "3 min ago"."""
+    if when is None:
+        return ""
+    seconds = (now - when).total_seconds()
+    if seconds < 0:
+        later = -seconds
+        return (
+            f"in {later:.0f} s"
+            if later < 60
+            else f"in {later / 60:.0f} min"
+            if later < 3600
+            else f"{when:%d %b %H:%M}"
+        )
+    if seconds < 60:
+        return f"{seconds:.0f} s ago"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 86400:
+        return f"{seconds / 3600:.0f} h ago"
+    return f"{when:%d %b %Y}"
+
+
+def _titled(text: str, title: str | None = None, style: str = "") -> str:
+    """Text that may be clipped, whole on hover; both escaped."""
+    styled = f" style='{style}'" if style else ""
+    return f"<span title='{html.escape(title or text)}'{styled}>{html.escape(text)}</span>"
 
 
 def _progress_cell(job: Job) -> str:
-    """A small bar and the message a job reported with nbqueue.progress()."""
+    """A small bar and the message a running job reported with nbqueue.progress() (a job that
+    is not running shows none: its last report is history, kept in the detail pane)."""
     progress = job.progress
-    if progress is None or job.status is State.COMPLETED:
+    if progress is None or job.status is not State.RUNNING:
         return ""
-    message = html.escape(progress.message[:60])
+    message = html.escape(progress.message)
     if progress.fraction is None:
-        return f"<span class='nbqueue-progress'>{progress.done:g} {message}</span>"
+        return f"<span class='nbqueue-progress' title='{message}'>{progress.done:g} {message}</span>"
     percent = round(progress.fraction * 100)
     return (
-        f"<span class='nbqueue-progress' data-percent='{percent}' style='white-space:nowrap'>"
-        f"<span style='display:inline-block;width:80px;height:8px;background:#e9ecef;border-radius:4px;"
+        f"<span class='nbqueue-progress' data-percent='{percent}' title='{message}'>"
+        f"<span style='display:inline-block;width:60px;height:8px;background:#e9ecef;border-radius:4px;"
         f"vertical-align:middle'><span style='display:block;width:{percent}%;height:8px;"
         f"background:{COLOURS[job.status]};border-radius:4px'></span></span> {percent}% {message}</span>"
     )
 
 
-def _error_cell(job: Job, note: str | None = None) -> str:
+def _text_cell(job: Job, note: str | None = None, silent: bool = False) -> str:
+    """What a person should read about the job: its worker gone silent, what it waits for, or
+    its last error (the whole error on hover, and in the detail pane)."""
+    if silent:
+        return (
+            f"<span class='nbqueue-silent' style='color:{COLOURS[State.DEAD]}' "
+            f"title='{html.escape(job.worker_id or '')}'>worker silent: its process is gone or stopped "
+            "beating (recovered when found or at lease end)</span>"
+        )
     if note:  # what a blocked or upstream_failed job waits for says more than its error
         colour = COLOURS[job.status]
-        return f"<span class='nbqueue-waiting' style='color:{colour}'>{html.escape(note)}</span>"
-    error = html.escape((last_line(job.error) or "")[:120])
+        return f"<span class='nbqueue-waiting'>{_titled(note, style=f'color:{colour}')}</span>"
+    error = html.escape(last_line(job.error) or "")
     if error and job.status is State.COMPLETED:  # kept in history; say it is not current
-        return f"<span style='color:#6c757d;font-style:italic'>earlier run: {error}</span>"
-    return error
-
-
-def jobs_table(jobs: list[Job], notes: dict[int, str] | None = None) -> str:
-    """An HTML table of jobs (escaped), one row each; `notes` say what waiting jobs wait for."""
-    head = "".join(
-        f"<th style='text-align:left;padding:2px 8px'>{h}</th>"
-        for h in ("id", "task", "queue", "status", "runs", "updated (UTC)", "progress", "last error")
-    )
-    rows = []
-    for job in jobs:
-        # Every value is escaped, whatever its column: a row written by hand may hold anything.
-        cells = (
-            html.escape(str(job.id)),
-            html.escape(job.task or "(payload)"),
-            html.escape(job.queue),
-            f"<span style='color:{COLOURS[job.status]};font-weight:600'>{job.status.value}</span>",
-            html.escape(str(job.attempts)),
-            html.escape(_when(job)),
-            _progress_cell(job),
-            _error_cell(job, (notes or {}).get(job.id)),
+        return (
+            f"<span style='color:#6c757d;font-style:italic' title='{error}'>earlier attempt: {error}</span>"
         )
-        rows.append(
-            f"<tr data-job-id='{html.escape(str(job.id))}'>"
-            + "".join(f"<td style='text-align:left;padding:2px 8px'>{c}</td>" for c in cells)
+    return f"<span title='{error}'>{error}</span>" if error else ""
+
+
+_COLUMNS = (  # heading, width: fixed widths where the text is short, shares of the rest elsewhere
+    ("id", "52px"),
+    ("task", "16%"),
+    ("queue", "9%"),
+    ("status", "112px"),
+    ("attempt", "118px"),
+    ("updated", "76px"),
+    ("progress", "18%"),
+    ("error / waiting on", "auto"),
+)
+
+
+def jobs_table(
+    jobs: list[Job],
+    notes: dict[int, str] | None = None,
+    *,
+    running: list[Job] | None = None,
+    silent: set[int] | None = None,
+    selected: int = 0,
+    now: datetime | None = None,
+) -> str:
+    """An HTML table of jobs (escaped), one line each; `running` jobs pinned above the rest under
+    their own heading; `notes` say what waiting jobs wait for; `silent` running jobs are marked."""
+    now = now or datetime.now(UTC)
+    notes, silent = notes or {}, silent or set()
+    cols = "".join(f"<col style='width:{w}'>" for _, w in _COLUMNS)
+    head = "".join(f"<th>{h}</th>" for h, _ in _COLUMNS)
+
+    def row(job: Job) -> str:
+        # Every value is escaped, whatever its column: a row written by hand may hold anything.
+        task = html.escape(shown_task(job.task))
+        when = ago(job.updated_at, now)
+        cells = (
+            f"#{html.escape(str(job.id))}",
+            f"<span title='{html.escape(job.task or '(payload)')}'>{task}</span>",
+            f"<span title='{html.escape(job.queue)}'>{html.escape(job.queue)}</span>",
+            f"<span style='color:{COLOURS[job.status]};font-weight:600'>{job.status.value}</span>",
+            html.escape(attempt_text(job).removeprefix("attempt ")),
+            f"<span title='{job.updated_at:%Y-%m-%d %H:%M:%S} UTC'>{html.escape(when)}</span>",
+            _progress_cell(job),
+            _text_cell(job, notes.get(job.id), job.id in silent),
+        )
+        chosen = " class='nbqueue-selected'" if job.id == selected else ""
+        return (
+            f"<tr data-row-id='{job.id}' data-job-id='{job.id}' data-status='{job.status.value}'{chosen}>"
+            + "".join(f"<td>{c}</td>" for c in cells)
             + "</tr>"
         )
-    body = "".join(rows) or "<tr><td colspan='8' style='padding:2px 8px'><i>no jobs</i></td></tr>"
-    return f"<table class='nbqueue-jobs'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def section(title: str) -> str:
+        return f"<tr class='nbqueue-section'><td colspan='{len(_COLUMNS)}'>{title}</td></tr>"
+
+    body = ""
+    if running:
+        body += section("RUNNING NOW") + "".join(row(j) for j in running) + section("RECENT")
+    body += "".join(row(j) for j in jobs) or f"<tr><td colspan='{len(_COLUMNS)}'><i>no jobs</i></td></tr>"
+    return (
+        f"<table class='nbqueue-jobs'><colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
+
+
+_ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+OUTCOMES = (State.COMPLETED, State.DEAD, State.CANCELLED, State.UPSTREAM_FAILED)
+
+
+def outcome_bar(counts: dict[str, int]) -> str:
+    """One bar split by outcome (completed, dead, cancelled, upstream_failed), the unfinished
+    part empty, and the numbers: "35 of 35 finished: 15 completed · 20 dead"."""
+    total = sum(counts.values())
+    done = sum(counts[s.value] for s in FINISHED)
+    segments = "".join(
+        f"<span class='nbqueue-outcome-part' data-state='{s.value}' data-count='{counts[s.value]}' "
+        f"title='{counts[s.value]:,} {s.value}' style='display:inline-block;height:10px;"
+        f"width:{100 * counts[s.value] / total:.3f}%;background:{COLOURS[s]}'></span>"
+        for s in OUTCOMES
+        if total and counts[s.value]
+    )
+    parts = " · ".join(
+        f"<span style='color:{COLOURS[s]}'>{counts[s.value]:,} {s.value}</span>"
+        for s in OUTCOMES
+        if counts[s.value]
+    )
+    waiting = counts["pending"] + counts["failed"]
+    rest = " · ".join(
+        bit
+        for bit in (
+            f"{counts['running']:,} running" if counts["running"] else "",
+            f"{waiting:,} waiting" if waiting else "",
+            f"{counts['blocked']:,} blocked" if counts["blocked"] else "",
+        )
+        if bit
+    )
+    return (
+        f"<div class='nbqueue-outcome' data-done='{done}' data-total='{total}'>"
+        f"<div style='display:flex;width:100%;max-width:720px;height:10px;background:#e9ecef;"
+        f"border-radius:5px;overflow:hidden'>{segments}</div>"
+        f"<div style='font-size:12px'>{done:,} of {total:,} finished{': ' + parts if parts else ''}"
+        f"{' &nbsp;|&nbsp; ' + rest if rest else ''}</div></div>"
+    )
+
+
+def attempts_table(frame: Any) -> str:
+    """Every attempt of a job: when it started, how long, which worker, how it ended, its error."""
+    if frame is None or frame.empty:
+        return ""
+    rows = []
+    for r in frame.itertuples(index=False):
+        duration = "" if r.duration != r.duration else f"{r.duration:.2f} s"  # NaN while running
+        error = (last_line(r.error) if isinstance(r.error, str) else None) or ""
+        colour = (
+            COLOURS[State.COMPLETED]
+            if r.outcome == "completed"
+            else COLOURS[State.DEAD]
+            if error
+            else "#495057"
+        )
+        cells = (
+            f"attempt {r.attempt}",
+            f"{r.started:%Y-%m-%d %H:%M:%S}",
+            duration,
+            f"<span style='color:{colour}'>{html.escape(str(r.outcome))}</span>",
+            _titled(f"{str(r.host).split('/')[0]}:{r.pid}", str(r.worker)),  # host, not its namespace
+            f"<span title='{html.escape(error)}'>{html.escape(error)}</span>",
+        )
+        rows.append(
+            f"<tr data-attempt='{r.attempt}'>"
+            + "".join(f"<td style='padding:1px 8px;{_ONE_LINE}'>{c}</td>" for c in cells)
+            + "</tr>"
+        )
+    head = "".join(
+        f"<th style='text-align:left;padding:1px 8px'>{h}</th>"
+        for h in ("attempt", "started (UTC)", "took", "outcome", "worker", "error")
+    )
+    return (
+        "<div><b>attempts</b><table class='nbqueue-attempts' style='table-layout:fixed;width:100%;"
+        f"font-size:12px'><tr>{head}</tr>{''.join(rows)}</table></div>"
+    )
 
 
 def limits_line(frame: Any) -> str:
@@ -276,9 +428,9 @@ def _payload(job: Job) -> str:
     return json.dumps(payload, indent=2, ensure_ascii=False)
 
 
-def job_detail(job: Job | None, extra: str = "") -> str:
-    """Everything about one job: payload, result, error traceback, attempts, output; `extra`
-    (its family and steps) after the facts."""
+def job_detail(job: Job | None, extra: str = "", attempts: str = "") -> str:
+    """Everything about one job: the facts, its `attempts` table, the error (your code's frames
+    first), result, output, `extra` (its family and steps), and the payload."""
     if job is None:
         return "<i>select a job to see its details</i>"
 
@@ -293,20 +445,22 @@ def job_detail(job: Job | None, extra: str = "") -> str:
         )
 
     progress = f" · progress {html.escape(str(job.progress))}" if job.progress is not None else ""
+    key = f" · key {html.escape(job.key)}" if job.key else ""
     facts = (
-        f"<b>job {job.id}</b> · {html.escape(job.task or '(payload)')} · queue "
+        f"<b>#{job.id} {html.escape(shown_task(job.task))}</b> · queue "
         f"{html.escape(job.queue)} · <span style='color:{COLOURS[job.status]}'>{job.status.value}</span>"
-        f" · runs {job.attempts} · retries {job.retries}/{job.max_retries} · priority {job.priority}"
+        f" · {html.escape(attempt_text(job))}{key} · priority {job.priority}"
         f" · run at {job.run_at:%Y-%m-%d %H:%M:%S} UTC{progress}"
     )
     return (
         f"<div class='nbqueue-detail' data-job-id='{job.id}'>{facts}"
         + notebook_line(job)
+        + attempts
+        + block("error", job.error and user_first(job.error))
+        + block("result", job.result_json)
+        + block("output", job.output)
         + extra
         + block("payload", _payload(job))
-        + block("result", job.result_json)
-        + block("error", job.error)
-        + block("output", job.output)
         + "</div>"
     )
 
@@ -354,8 +508,27 @@ class _LiveView(widgets.VBox):  # type: ignore[misc]
         super().close()
 
 
+RUNNING_SHOWN = 10  # running jobs pinned at the top of the board (the count says how many more)
+CHART_EVERY = 10.0  # seconds between redraws of the board's chart (it reads the last hour)
+CHART_JOBS = 300  # the newest finished jobs the time-in-queue panel reads
+
+
+def board_picture(queue: Queue) -> str:
+    """The board's chart as SVG ("" with nothing to draw, or without matplotlib)."""
+    try:
+        from . import charts  # noqa: PLC0415 - matplotlib only when a board draws
+    except ImportError:
+        return ""
+    try:
+        timings = charts.task_timings(queue.history(State.COMPLETED, limit=CHART_JOBS))
+        return charts.board_chart(queue.activity(60), timings)
+    except ImportError:  # matplotlib is in the notebook extra; without it, no picture
+        return ""
+
+
 class JobBoard(_LiveView):
-    """Counts per state, progress, a paged table of recent jobs and one job's details."""
+    """Counts per state, the outcome bar, a chart, the running jobs pinned above a paged table of
+    the rest (a click on a row opens it), and one job's details with its actions."""
 
     def __init__(
         self,
@@ -365,57 +538,74 @@ class JobBoard(_LiveView):
         queue_name: str | None = None,
         interval: float = 1.0,
         page_size: int = 15,
+        chart: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(queue, interval, **kwargs)
         self.page_size = page_size
         self.page = 0
+        self.chart_wanted = chart
+        self._chart_at = 0.0
+        self._chart_thread: threading.Thread | None = None
         self._updating = False
         self._detail_key: tuple[int, object, tuple[int, ...]] | None = None
         self.counts: dict[str, int] = {}
         self.rows: list[Job] = []
+        self.running: list[Job] = []
         self.title = widgets.HTML(
             f"<b>nbqueue</b> <code>{html.escape(str(queue))}</code>", layout={"margin": "0"}
         )
         self.counts_html = widgets.HTML()
+        self.outcome = widgets.HTML(layout={"width": "100%"})
+        self.chart = widgets.HTML(layout={"width": "100%"})
         self.limits_html = widgets.HTML()
         self.schedules_html = widgets.HTML()
-        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="done", bar_style="success")
-        self.progress_label = widgets.HTML()
+        small = {"width": "auto"}
         self.status_filter = widgets.Dropdown(
-            options=[ALL, *(s.value for s in State)], value=status or ALL, description="status"
+            options=[ALL, *(s.value for s in State)],
+            value=status or ALL,
+            description="status",
+            layout={"width": "220px"},
         )
-        self.queue_filter = widgets.Dropdown(options=[ALL], value=ALL, description="queue")
+        self.queue_filter = widgets.Dropdown(
+            options=[ALL], value=ALL, description="queue", layout={"width": "220px"}
+        )
         if queue_name:  # a queue with no jobs yet is still a valid filter
             self.queue_filter.options = [ALL, queue_name]
             self.queue_filter.value = queue_name
-        self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
-        self.newer = widgets.Button(description="Newer", icon="arrow-left", disabled=True)
-        self.older = widgets.Button(description="Older", icon="arrow-right")
+        self.refresh_button = widgets.Button(description="Refresh", icon="refresh", layout=small)
+        self.newer = widgets.Button(description="Newer", icon="arrow-left", disabled=True, layout=small)
+        self.older = widgets.Button(description="Older", icon="arrow-right", layout=small)
         self.page_label = widgets.HTML()
-        self.table = widgets.HTML()
-        self.job_select = widgets.Dropdown(options=[(NO_JOB, 0)], value=0, description="job")
-        self.cancel_button = widgets.Button(description="Cancel job", icon="stop", disabled=True)
+        self.table = ClickTable(layout={"width": "100%"})
+        self.cancel_button = widgets.Button(
+            description="Cancel job", icon="stop", disabled=True, layout=small
+        )
+        self.requeue_button = widgets.Button(
+            description="Requeue job", icon="redo", disabled=True, layout=small
+        )
         self.message = widgets.HTML()
-        self.detail = widgets.HTML()
+        self.detail = widgets.HTML(layout={"width": "100%"})
         self.children = [
-            self.title,
+            widgets.HBox([self.title, self.refresh_button], layout={"justify_content": "space-between"}),
             self.counts_html,
+            self.outcome,
+            self.chart,
             self.limits_html,
             self.schedules_html,
-            widgets.HBox([self.progress, self.progress_label]),
-            widgets.HBox([self.status_filter, self.queue_filter, self.refresh_button]),
+            widgets.HBox([self.status_filter, self.queue_filter, self.newer, self.page_label, self.older]),
             self.table,
-            widgets.HBox([self.newer, self.page_label, self.older]),
-            widgets.HBox([self.job_select, self.cancel_button, self.message]),
+            widgets.HBox([self.cancel_button, self.requeue_button, self.message]),
             self.detail,
         ]
+        self.layout.width = "100%"
         self.add_class("nbqueue-board")
         self.status_filter.observe(self._filter_changed, names="value")
         self.queue_filter.observe(self._filter_changed, names="value")
-        self.job_select.observe(lambda _change: self._show_detail(), names="value")
+        self.table.observe(lambda _change: self._show_detail(), names="selected")
         self.refresh_button.on_click(lambda _b: self.refresh())
-        self.cancel_button.on_click(lambda _b: self._cancel())
+        self.cancel_button.on_click(lambda _b: self._act("cancel"))
+        self.requeue_button.on_click(lambda _b: self._act("requeue"))
         self.newer.on_click(lambda _b: self._turn(-1))
         self.older.on_click(lambda _b: self._turn(+1))
         self.refresh()
@@ -437,10 +627,26 @@ class JobBoard(_LiveView):
             queue = None if self.queue_filter.value == ALL else self.queue_filter.value
             everywhere = self.queue.counts()
             counts = everywhere if queue is None else self.queue.counts(queue)
-            matching = sum(counts.values()) if status is None else counts[status]
+            # Running jobs are pinned above the table when it lists every state; the pages
+            # then hold the rest, newest first.
+            pinned = status is None and counts["running"] > 0
+            shown = [s for s in State if s is not State.RUNNING] if pinned else None
+            running = (
+                self.queue.manager.jobs([State.RUNNING], queue, RUNNING_SHOWN, 0, brief=True)
+                if pinned
+                else []
+            )
+            if status is not None:
+                matching = counts[status]
+            else:
+                matching = sum(counts.values()) - (counts["running"] if pinned else 0)
             pages = max(1, -(-matching // self.page_size))
             self.page = min(self.page, pages - 1)
-            rows = self.queue.jobs(status, queue, self.page_size, self.page * self.page_size, brief=True)
+            offset = self.page * self.page_size
+            if shown is not None:
+                rows = self.queue.manager.jobs(shown, queue, self.page_size, offset, brief=True)
+            else:
+                rows = self.queue.jobs(status, queue, self.page_size, offset, brief=True)
             names = [ALL, *self.queue.queues()]
             if queue and queue not in names:
                 names.append(queue)
@@ -451,39 +657,63 @@ class JobBoard(_LiveView):
                     self.queue_filter.value = queue or ALL
                 finally:
                     self._updating = False
-            self.counts, self.rows = counts, rows
+            self.counts, self.rows, self.running = counts, rows, running
             self.counts_html.value = "".join(_pill(s, counts[s.value]) for s in State)
+            self.outcome.value = outcome_bar(counts)
+            self._draw_chart()
             self.limits_html.value = limits_line(self.queue.limits())
             self.schedules_html.value = schedules_line(self.queue.manager.schedule_rows())
-            total = sum(counts.values())
-            done = sum(counts[s.value] for s in FINISHED)
-            self.progress.max = max(total, 1)
-            self.progress.value = done
-            self.progress_label.value = (
-                f"&nbsp;{done} of {total} finished · {counts['running']} running · "
-                f"{counts['pending'] + counts['failed']} waiting"
-                + (f" · {counts['blocked']} blocked" if counts["blocked"] else "")
+            more = counts["running"] - len(running)
+            notes = waiting_notes(self.queue, rows)
+            self.table.value = jobs_table(
+                rows,
+                notes,
+                running=running,
+                silent=self.queue.manager.silent(running) if running else set(),
+                selected=self.table.selected,
+            ) + (
+                f"<div style='font-size:12px'>+{more} more running: status filter 'running'</div>"
+                if more > 0
+                else ""
             )
-            self.table.value = jobs_table(rows, waiting_notes(self.queue, rows))
-            self.page_label.value = f"&nbsp;page {self.page + 1} of {pages} ({matching} jobs)&nbsp;"
+            first = offset + 1 if rows else 0
+            self.page_label.value = (
+                f"&nbsp;{first}-{offset + len(rows)} of {matching:,}{' more' if pinned else ''}&nbsp;"
+            )
             self.newer.disabled = self.page == 0
             self.older.disabled = self.page >= pages - 1
-            options = [(NO_JOB, 0)] + [
-                (f"#{j.id} {j.task or 'payload'} ({j.status.value})", j.id) for j in rows
-            ]
-            if list(self.job_select.options) != options:
-                chosen = self.job_select.value
-                self.job_select.options = options
-                self.job_select.value = chosen if chosen in [o[1] for o in options] else 0
             self._show_detail()
 
+    def _draw_chart(self) -> None:
+        """Redraw the chart now and then, on a thread of its own: it reads an hour of attempts
+        and matplotlib takes a moment, which the table must not wait for."""
+        drawing = self._chart_thread is not None and self._chart_thread.is_alive()
+        if not self.chart_wanted or drawing or time.monotonic() - self._chart_at < CHART_EVERY:
+            return
+        self._chart_at = time.monotonic()
+        self._chart_thread = threading.Thread(target=self.draw_chart, name="nbqueue-chart", daemon=True)
+        self._chart_thread.start()
+
+    def draw_chart(self) -> None:
+        """Draw the chart now (the board redraws it by itself every 10 s)."""
+        try:
+            picture = board_picture(self.queue)
+        except Exception:  # a picture must never break the board
+            log.exception("drawing the board's chart failed")
+            return
+        self.chart.value = (
+            f"<div class='nbqueue-chart' style='width:100%;max-width:960px'>{picture}</div>"
+            if picture
+            else ""
+        )
+
     def select(self, job_id: int | None) -> None:
-        """Show one job's details (it must be on the current page); None clears."""
-        self.job_select.value = job_id or 0
+        """Show one job's details, as a click on its row does; None clears."""
+        self.table.selected = job_id or 0
 
     def _show_detail(self) -> None:
-        job_id = self.job_select.value
-        listed = next((j for j in self.rows if j.id == job_id), None)
+        job_id = self.table.selected
+        listed = next((j for j in [*self.running, *self.rows] if j.id == job_id), None)
         # Its parents and children move too: any change of the counts reads it again.
         key = (job_id, None if listed is None else listed.updated_at, tuple(self.counts.values()))
         if key == self._detail_key:  # unchanged: the whole job is read only when it changes
@@ -494,18 +724,28 @@ class JobBoard(_LiveView):
         except NbqueueError:
             job = None
         self.cancel_button.disabled = job is None or job.finished
-        extra = "" if job is None else family(self.queue, job) + steps_table(self.queue, job)
-        self.detail.value = job_detail(job, extra)
+        self.requeue_button.disabled = job is None or job.status not in (State.DEAD, State.CANCELLED)
+        if job is None:
+            self.detail.value = job_detail(None)
+            return
+        extra = family(self.queue, job) + steps_table(self.queue, job)
+        self.detail.value = job_detail(job, extra, attempts_table(self.queue.attempts(job)))
 
-    def _cancel(self) -> None:
-        """Cancel the selected job; a running one is told to stop (process mode kills it)."""
-        job_id = self.job_select.value
+    def _act(self, action: str) -> None:
+        """Cancel (a running job is told to stop; process mode kills it) or requeue the job shown."""
+        job_id = self.table.selected
         with self._lock:
             try:
-                self.queue.cancel(job_id)
-                self.message.value = f"<span class='nbqueue-message'>cancelled job {job_id}</span>"
+                if action == "cancel":
+                    self.queue.cancel(job_id)
+                    text = f"cancelled job {job_id}"
+                else:
+                    self.queue.requeue([job_id])
+                    text = f"requeued job {job_id}"
+                self.message.value = f"<span class='nbqueue-message'>{html.escape(text)}</span>"
             except NbqueueError as exc:
                 self.message.value = f"<span style='color:#dc3545'>{html.escape(str(exc))}</span>"
+            self._detail_key = None
             self.refresh()
 
 
@@ -536,8 +776,76 @@ class GraphView(_LiveView):
             self.drawing.value = f"<div style='overflow:auto;max-height:40em'>{svg(graph, self.title)}</div>"
 
 
+DEAD_SCANNED = 5_000  # the newest dead jobs the view groups (the header says when there are more)
+
+
+@dataclass
+class DeadGroup:
+    """Dead jobs of one task that died of the same kind of exception."""
+
+    task: str | None
+    kind: str  # the exception's class ("ConnectionError"), or its last line when it has none
+    ids: list[int]
+    latest: Job  # the newest job of the group: its error is the one shown
+
+    @property
+    def key(self) -> tuple[str | None, str]:
+        return (self.task, self.kind)
+
+
+def error_kind(error: str | None) -> str:
+    """The exception class an error's last line names ("ConnectionError: doc 8" -> "ConnectionError")."""
+    line = last_line(error) or "(no error recorded)"
+    head = line.split(":", 1)[0].strip()
+    return head if head.replace(".", "").replace("_", "").isalnum() and " " not in head else line[:120]
+
+
+def dead_groups(jobs: list[Job]) -> list[DeadGroup]:
+    """Group dead jobs (newest first) by task and exception kind: the biggest group first."""
+    groups: dict[tuple[str | None, str], DeadGroup] = {}
+    for job in jobs:
+        kind = error_kind(job.error)
+        group = groups.get((job.task, kind))
+        if group is None:
+            groups[(job.task, kind)] = DeadGroup(job.task, kind, [job.id], job)
+        else:
+            group.ids.append(job.id)
+    return sorted(groups.values(), key=lambda g: (-len(g.ids), -g.latest.id))
+
+
+def groups_table(groups: list[DeadGroup], selected: int = 0, now: datetime | None = None) -> str:
+    """One line per group: task, the newest error, how many, when, and its Requeue and Delete."""
+    now = now or datetime.now(UTC)
+    cols = "".join(f"<col style='width:{w}'>" for w in ("16%", "auto", "64px", "76px", "190px"))
+    head = "".join(f"<th>{h}</th>" for h in ("task", "error (newest of the group)", "jobs", "latest", ""))
+    rows = []
+    for number, group in enumerate(groups, 1):
+        error = html.escape(last_line(group.latest.error) or group.kind)
+        n = len(group.ids)
+        chosen = " class='nbqueue-selected'" if number == selected else ""
+        cells = (
+            _titled(shown_task(group.task), group.task or "(payload)"),
+            f"<span style='color:{COLOURS[State.DEAD]}' title='{error}'>{error}</span>",
+            f"<span class='nbqueue-group-count'>{n:,}</span>",
+            _titled(ago(group.latest.updated_at, now), f"{group.latest.updated_at:%Y-%m-%d %H:%M:%S} UTC"),
+            f"<button data-action='requeue'>Requeue {n:,}</button>"
+            f"<button data-action='delete'>Delete {n:,}</button>",
+        )
+        rows.append(
+            f"<tr data-row-id='{number}' data-group='{html.escape(group.kind)}'{chosen}>"
+            + "".join(f"<td>{c}</td>" for c in cells)
+            + "</tr>"
+        )
+    body = "".join(rows) or "<tr><td colspan='5'><i>no dead jobs</i></td></tr>"
+    return (
+        f"<table class='nbqueue-dead-groups'><colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
+
+
 class DeadLetterView(_LiveView):
-    """The dead jobs, their tracebacks, and buttons that requeue or delete them."""
+    """The dead jobs grouped by error (one Requeue per group), a page of a group's jobs (a click
+    opens one's traceback, your code first), and the actions at the top."""
 
     def __init__(
         self,
@@ -545,66 +853,138 @@ class DeadLetterView(_LiveView):
         *,
         queue_name: str | None = None,
         interval: float = 2.0,
-        limit: int = 200,
+        page_size: int = 15,
         **kw: Any,
     ) -> None:
         super().__init__(queue, interval, **kw)
         self.queue_name = queue_name
-        self.limit = limit
-        self.jobs: list[Job] = []
+        self.page_size = page_size
+        self.page = 0
+        self.jobs: list[Job] = []  # the jobs listed now: a page of the chosen group, or of all
+        self.groups: list[DeadGroup] = []
+        self._group: tuple[str | None, str] | None = None
         self._detail_key: tuple[int | None, object] | None = None
+        small = {"width": "auto"}
         self.header = widgets.HTML()
-        self.select = widgets.SelectMultiple(
-            options=[], rows=3, description="select", layout={"width": "auto", "min_width": "50%"}
+        self.requeue_selected = widgets.Button(
+            description="Requeue selected", button_style="primary", layout=small
         )
-        self.requeue_selected = widgets.Button(description="Requeue selected", button_style="primary")
-        self.requeue_all = widgets.Button(description="Requeue all", button_style="warning")
-        self.delete_selected = widgets.Button(description="Delete selected", button_style="danger")
-        self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
+        self.requeue_all = widgets.Button(description="Requeue all", button_style="warning", layout=small)
+        self.delete_selected = widgets.Button(
+            description="Delete selected", button_style="danger", layout=small
+        )
+        self.refresh_button = widgets.Button(description="Refresh", icon="refresh", layout=small)
         self.message = widgets.HTML()
-        self.table = widgets.HTML()
-        self.traceback = widgets.HTML()
+        self.groups_table = ClickTable(layout={"width": "100%"})
+        self.table = ClickTable(layout={"width": "100%"})
+        self.newer = widgets.Button(description="Newer", icon="arrow-left", disabled=True, layout=small)
+        self.older = widgets.Button(description="Older", icon="arrow-right", layout=small)
+        self.page_label = widgets.HTML()
+        self.traceback = widgets.HTML(layout={"width": "100%"})
+        # The jobs chosen for "Requeue/Delete selected": a click on a row chooses it; code may
+        # set several (view.select.value = (3, 4)). Kept as a widget, not shown.
+        self.select = widgets.SelectMultiple(options=[])
         self.children = [
             self.header,
-            self.table,
-            self.select,
             widgets.HBox(
-                [self.requeue_selected, self.requeue_all, self.delete_selected, self.refresh_button]
+                [
+                    self.requeue_selected,
+                    self.delete_selected,
+                    self.requeue_all,
+                    self.refresh_button,
+                    self.message,
+                ]
             ),
-            self.message,
+            self.groups_table,
+            widgets.HBox([self.newer, self.page_label, self.older]),
+            self.table,
             self.traceback,
         ]
+        self.layout.width = "100%"
         self.add_class("nbqueue-deadletters")
         self.requeue_selected.on_click(lambda _b: self._act("requeue", list(self.select.value)))
         self.requeue_all.on_click(lambda _b: self._act("requeue", None))
         self.delete_selected.on_click(lambda _b: self._act("delete", list(self.select.value)))
         self.refresh_button.on_click(lambda _b: self.refresh())
+        self.newer.on_click(lambda _b: self._turn(-1))
+        self.older.on_click(lambda _b: self._turn(+1))
+        self.groups_table.observe(lambda _c: self._group_chosen(), names="selected")
+        self.groups_table.on_action(self._group_action)
+        self.table.observe(lambda _c: self._row_chosen(), names="selected")
         self.select.observe(lambda _change: self._show_traceback(), names="value")
         self.refresh()
         self._start_timer()
 
+    def _turn(self, step: int) -> None:
+        self.page = max(0, self.page + step)
+        self.refresh()
+
+    def _group_chosen(self) -> None:
+        number = self.groups_table.selected
+        chosen = self.groups[number - 1].key if 0 < number <= len(self.groups) else None
+        if chosen != self._group:
+            self._group, self.page = chosen, 0
+            self.refresh()
+
+    def choose_group(self, number: int) -> None:
+        """List the jobs of group `number` (1 = the first line; 0 lists every dead job)."""
+        self.groups_table.selected = number
+
+    def _row_chosen(self) -> None:
+        job_id = self.table.selected
+        self.select.value = (job_id,) if job_id in {j.id for j in self.jobs} else ()
+
+    def _group_action(self, action: str, number: int) -> None:
+        if 0 < number <= len(self.groups):
+            self._act(action, list(self.groups[number - 1].ids))
+
     def refresh(self) -> None:
         with self._lock:
-            jobs = self.queue.jobs(State.DEAD, self.queue_name, self.limit, brief=True)
+            scanned = self.queue.jobs(State.DEAD, self.queue_name, DEAD_SCANNED, brief=True)
             total = self.queue.counts(self.queue_name)["dead"]
-            self.jobs = jobs
+            self.groups = dead_groups(scanned)
+            keys = [g.key for g in self.groups]
+            number = keys.index(self._group) + 1 if self._group in keys else 0
+            if not number:
+                self._group = None
+            listed = (
+                [j for j in scanned if (j.task, error_kind(j.error)) == self._group]
+                if self._group
+                else scanned
+            )
+            pages = max(1, -(-len(listed) // self.page_size))
+            self.page = min(self.page, pages - 1)
+            start = self.page * self.page_size
+            self.jobs = listed[start : start + self.page_size]
             self.header.value = (
                 f"<b>dead letters</b> <span class='nbqueue-dead-count' data-count='{total}'>{total}</span>"
-                f" in <code>{html.escape(str(self.queue))}</code>"
-                + (f" (showing the newest {len(jobs)})" if total > len(jobs) else "")
+                f" in <code>{html.escape(str(self.queue))}</code> · {len(self.groups)} group(s) by error"
+                + (f" (grouping the newest {len(scanned):,})" if total > len(scanned) else "")
+                + (" · click a group to list its jobs" if self.groups else "")
             )
+            self.groups_table.value = groups_table(self.groups, number)
+            self.groups_table.selected = number
+            ids = {j.id for j in self.jobs}
             options = [
-                (f"#{j.id} {j.task or 'payload'}: {(last_line(j.error) or '')[:70]}", j.id) for j in jobs
+                (f"#{j.id} {shown_task(j.task)}: {(last_line(j.error) or '')[:70]}", j.id) for j in self.jobs
             ]
-            self.select.rows = min(max(len(jobs), 2), 8)
             if list(self.select.options) != options:
-                keep = tuple(v for v in self.select.value if v in {j.id for j in jobs})
+                keep = tuple(v for v in self.select.value if v in ids)
                 self.select.options = options
                 self.select.value = keep
-            self.table.value = jobs_table(jobs)
-            for button in (self.requeue_selected, self.delete_selected):
-                button.disabled = not self.select.value
-            self.requeue_all.disabled = not jobs
+            chosen = self.select.value[0] if self.select.value else 0
+            self.table.value = jobs_table(self.jobs, selected=chosen)
+            self.table.selected = chosen
+            group = (
+                f" of {html.escape(shown_task(self._group[0]))} · {html.escape(self._group[1])}"
+                if self._group
+                else ""
+            )
+            first = start + 1 if self.jobs else 0
+            self.page_label.value = f"&nbsp;{first}-{start + len(self.jobs)} of {len(listed):,}{group}&nbsp;"
+            self.newer.disabled = self.page == 0
+            self.older.disabled = self.page >= pages - 1
+            self.requeue_all.disabled = not total
             self._show_traceback()
 
     def _show_traceback(self) -> None:
@@ -620,7 +1000,10 @@ class DeadLetterView(_LiveView):
             job = None if listed is None else self.queue.get(listed.id)
         except NbqueueError:
             job = None
-        self.traceback.value = job_detail(job) if job else "<i>select dead jobs to see their tracebacks</i>"
+        if job is None:
+            self.traceback.value = "<i>select dead jobs to see their tracebacks (click a row)</i>"
+            return
+        self.traceback.value = job_detail(job, attempts=attempts_table(self.queue.attempts(job)))
 
     def _act(self, action: str, ids: list[int] | None) -> None:
         with self._lock:

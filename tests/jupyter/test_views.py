@@ -107,7 +107,7 @@ def pills(board: JobBoard) -> dict[str, int]:
 
 
 def row_ids(html_table: str) -> list[int]:
-    return [int(i) for i in re.findall(r"<tr data-job-id='(\d+)'>", html_table)]
+    return [int(i) for i in re.findall(r"<tr data-row-id='(\d+)'", html_table)]
 
 
 # -- the job board ----------------------------------------------------------------
@@ -129,8 +129,10 @@ def test_board_counts_match_the_queue(queue: Queue, board_of: Any) -> None:
         "cancelled": 1,
     }
     assert pills(board) == queue.counts()
-    assert (board.progress.value, board.progress.max) == (5, 10)  # completed + dead + cancelled
-    assert "5 of 10 finished" in board.progress_label.value
+    assert "data-done='5' data-total='10'" in board.outcome.value  # completed + dead + cancelled
+    assert "5 of 10 finished" in board.outcome.value
+    parts = dict(re.findall(r"data-state='(\w+)' data-count='(\d+)'", board.outcome.value))
+    assert parts == {"completed": "2", "dead": "2", "cancelled": "1"}  # the bar split by outcome
     assert sorted(board.queue_filter.options) == sorted(["all", "default", "other"])
 
 
@@ -151,19 +153,19 @@ def test_board_pages_with_older_and_newer(queue: Queue, board_of: Any) -> None:
     assert [j.id for j in board.rows] == newest_first[:15]
     assert row_ids(board.table.value) == newest_first[:15]
     assert (board.newer.disabled, board.older.disabled) == (True, False)
-    assert "page 1 of 3 (40 jobs)" in board.page_label.value
+    assert "1-15 of 40" in board.page_label.value
 
     board.older.click()
     assert [j.id for j in board.rows] == newest_first[15:30]
     assert (board.newer.disabled, board.older.disabled) == (False, False)
-    assert "page 2 of 3" in board.page_label.value
+    assert "16-30 of 40" in board.page_label.value
 
     board.older.click()
     assert [j.id for j in board.rows] == newest_first[30:]
     assert (board.newer.disabled, board.older.disabled) == (False, True)
     board.older.click()  # past the last page: stays there
     assert [j.id for j in board.rows] == newest_first[30:]
-    assert "page 3 of 3" in board.page_label.value
+    assert "31-40 of 40" in board.page_label.value
 
     board.newer.click()
     board.newer.click()
@@ -274,6 +276,93 @@ def test_board_refreshes_by_itself_and_stops_when_closed(queue: Queue, board_of:
     queue.enqueue({"a": 2})
     time.sleep(0.5)  # five intervals: a live timer would have refreshed
     assert board.counts["pending"] == 1
+
+
+def test_running_jobs_are_pinned_above_the_pages(queue: Queue, board_of: Any) -> None:
+    """The one job that matters is never on page 3: running jobs come first, whatever the page."""
+    runner = make(queue, "running")
+    for i in range(30):
+        queue.enqueue({"i": i})
+    board = board_of(page_size=10)
+    assert [j.id for j in board.running] == [runner.id]
+    assert runner.id not in [j.id for j in board.rows]  # listed once, in its own section
+    html_table = board.table.value
+    assert html_table.index("RUNNING NOW") < html_table.index(f"data-row-id='{runner.id}'")
+    assert html_table.index(f"data-row-id='{runner.id}'") < html_table.index("RECENT")
+    assert row_ids(html_table)[0] == runner.id
+    board.older.click()
+    board.older.click()
+    assert row_ids(board.table.value)[0] == runner.id  # still first on the last page
+    assert "21-30 of 30 more" in board.page_label.value
+    board.status_filter.value = "running"  # asked for: no pinned section, just the rows
+    assert [j.id for j in board.rows] == [runner.id] and board.running == []
+
+
+def test_a_click_on_a_row_opens_it_and_its_attempts(queue: Queue, board_of: Any) -> None:
+    job = queue.enqueue({"n": 1}, max_retries=2)
+    first = queue.claim(lease=60)
+    assert first is not None
+    queue.fail(first, _raised("first try broke"))
+    board = board_of()
+    board.table.selected = job.id  # what a click on its row sends from the browser
+    detail = board.detail.value
+    assert f"data-job-id='{job.id}'" in detail
+    assert "attempt 1 of 3 failed" in detail
+    assert "data-attempt='1'" in detail and "first try broke" in detail
+    assert not board.cancel_button.disabled and board.requeue_button.disabled
+
+
+def test_requeue_from_the_detail_pane(queue: Queue, board_of: Any) -> None:
+    dead = make(queue, "dead")
+    board = board_of()
+    board.select(dead.id)
+    assert not board.requeue_button.disabled and board.cancel_button.disabled
+    board.requeue_button.click()
+    assert queue.get(dead.id).status is State.PENDING
+    assert f"requeued job {dead.id}" in board.message.value
+
+
+def test_one_line_per_job_with_relative_times_and_whole_text_on_hover(queue: Queue, board_of: Any) -> None:
+    long_error = "ValueError: " + "x" * 400
+    dead = make(queue, "dead", error=long_error)
+    board = board_of()
+    html_table = board.table.value
+    assert re.search(r" s ago</span>", html_table)  # relative time...
+    assert re.search(r"title='\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC'", html_table)  # ...the full one on hover
+    assert f"title='RuntimeError: {long_error}'" in html_table  # the whole error on hover
+    assert f"data-row-id='{dead.id}'" in html_table
+
+
+def test_a_cancelled_job_shows_no_stale_progress(queue: Queue, board_of: Any) -> None:
+    job = queue.enqueue({"n": 1})
+    claim = queue.claim(lease=60)
+    assert claim is not None
+    queue.manager.record_progress(claim, 93, 100, "almost")
+    board = board_of()
+    assert "data-percent='93'" in board.table.value
+    queue.cancel(job.id)
+    board.refresh()
+    assert "data-percent" not in board.table.value
+
+
+def test_task_names_are_shown_without_main(queue: Queue, board_of: Any) -> None:
+    @queue.task(name="__main__.convert")
+    def convert(n: int) -> int:
+        return n
+
+    convert.enqueue(1)
+    board = board_of()
+    assert "<span title='__main__.convert'>convert</span>" in board.table.value
+
+
+def test_the_board_draws_its_chart(queue: Queue, board_of: Any) -> None:
+    make(queue, "completed")
+    make(queue, "dead")
+    board = board_of(chart=False)
+    assert board.chart.value == ""
+    board.draw_chart()
+    assert "<svg" in board.chart.value
+    assert "attempts per minute" in board.chart.value  # text kept as text in the SVG
 
 
 # -- the dead-letter view -----------------------------------------------------------
@@ -531,3 +620,110 @@ def test_the_board_lists_schedules_with_their_next_run_in_local_time(
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+# -- dead letters grouped by error, paged; tracebacks with the user's code first -------
+
+
+def _die(q: Queue, message: str, kind: type[BaseException] = RuntimeError) -> Job:
+    job = q.enqueue({"n": 1}, priority=next(_rising))
+    claim = q.claim(lease=60)
+    assert claim is not None and claim.id == job.id
+    try:
+        raise kind(message)
+    except kind as exc:
+        q.fail(claim, exc, retry=False)
+    return q.get(job.id)
+
+
+def test_dead_letters_are_grouped_by_error_and_a_group_requeues_in_one_click(
+    queue: Queue, dead_view_of: Any
+) -> None:
+    refused = [_die(queue, f"doc {i}: 503", ConnectionError) for i in range(40)]
+    broken = [_die(queue, f"bad value {i}", ValueError) for i in range(3)]
+    view = dead_view_of()
+    assert [(g.kind, len(g.ids)) for g in view.groups] == [("ConnectionError", 40), ("ValueError", 3)]
+    html_groups = view.groups_table.value
+    assert html_groups.count("<tr data-row-id=") == 2  # 43 dead jobs, two lines
+    assert "Requeue 40" in html_groups and "ConnectionError: doc 39: 503" in html_groups
+    assert "data-count='43'" in view.header.value and "2 group(s)" in view.header.value
+
+    view.groups_table.act("requeue", 1)  # the group's Requeue button, clicked in the browser
+    assert all(queue.get(j.id).status is State.PENDING for j in refused)
+    assert all(queue.get(j.id).status is State.DEAD for j in broken)
+    assert "requeued 40 job(s)" in view.message.value
+    assert [(g.kind, len(g.ids)) for g in view.groups] == [("ValueError", 3)]
+
+    view.groups_table.act("delete", 1)
+    assert queue.counts()["dead"] == 0
+    assert "deleted 3 job(s)" in view.message.value
+    assert "no dead jobs" in view.groups_table.value
+
+
+def test_a_chosen_group_lists_its_jobs_in_pages(queue: Queue, dead_view_of: Any) -> None:
+    refused = [_die(queue, f"doc {i}", ConnectionError) for i in range(20)]
+    other = _die(queue, "nope", KeyError)
+    view = dead_view_of(page_size=8)
+    assert len(view.jobs) == 8 and "1-8 of 21" in view.page_label.value  # every dead job, newest first
+    view.choose_group(1)  # a click on the ConnectionError line
+    newest_first = [j.id for j in reversed(refused)]
+    assert [j.id for j in view.jobs] == newest_first[:8]
+    assert "1-8 of 20" in view.page_label.value
+    view.older.click()
+    view.older.click()
+    assert [j.id for j in view.jobs] == newest_first[16:]
+    assert view.older.disabled and not view.newer.disabled
+    view.choose_group(2)
+    assert [j.id for j in view.jobs] == [other.id] and view.page == 0
+    view.table.selected = other.id  # a click on the job's row opens its traceback
+    assert view.select.value == (other.id,)
+    assert "KeyError" in view.traceback.value and "data-attempt='1'" in view.traceback.value
+    view.requeue_selected.click()
+    assert queue.get(other.id).status is State.PENDING
+
+
+def test_a_worker_run_traceback_shows_the_users_frames_first(queue: Queue, board_of: Any) -> None:
+    from nbqueue.tracebacks import user_first
+
+    @queue.task(max_retries=0)
+    def parse(text: str) -> int:
+        return int(text)
+
+    job = parse.enqueue("seven")
+    with queue.worker() as worker:
+        worker.run_until_idle()
+    error = queue.get(job.id).error or ""
+    assert error.index("nbqueue/") < error.index("in parse")  # as Python wrote it: nbqueue's frames first
+    shown = user_first(error)
+    assert shown.startswith("Traceback (your code first, most recent call last):")
+    assert shown.index("in parse") < shown.index("called by nbqueue") < shown.index("nbqueue/")
+    assert shown.rstrip().endswith("ValueError: invalid literal for int() with base 10: 'seven'")
+    assert sorted(shown.splitlines()) == sorted(
+        [*error.splitlines()[1:], shown.splitlines()[0], _called_line(shown)]
+    )
+    board = board_of()
+    board.select(job.id)
+    assert "your code first" in board.detail.value
+
+
+def _called_line(text: str) -> str:
+    return next(line for line in text.splitlines() if "called by nbqueue" in line)
+
+
+def test_the_board_marks_a_running_job_whose_worker_process_is_gone(
+    queue: Queue, queue_target: str, board_of: Any
+) -> None:
+    import subprocess
+    import sys
+
+    job = queue.enqueue({"n": 1})
+    claimer = (
+        "import os, sys, nbqueue\n"
+        "q = nbqueue.Queue(sys.argv[1])\n"
+        "assert q.claim(lease=600) is not None\n"
+        "os._exit(0)  # gone without a word: no release, no failure\n"
+    )
+    subprocess.run([sys.executable, "-c", claimer, queue_target], check=True, timeout=60)
+    board = board_of()
+    assert [j.id for j in board.running] == [job.id]
+    assert "nbqueue-silent" in board.table.value

@@ -322,7 +322,7 @@ class Job:
         return self._source
 
     def __repr__(self) -> str:
-        what = self.task or "payload"
+        what = shown_task(self.task)
         return f"<Job {self.id} {self.status.value} {what} queue={self.queue!r} {attempt_text(self)}>"
 
     def _repr_html_(self) -> str:

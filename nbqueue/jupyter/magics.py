@@ -25,6 +25,7 @@ from ..tasks import Task
 from ..worker import Worker
 
 DEFAULT_FILE = "nbqueue.db"
+MAIN = "__main__."  # the module of what a notebook defines
 
 
 @dataclass
@@ -75,14 +76,21 @@ class Session:
         """Register notebook functions that unfinished jobs name but this kernel has not seen.
 
         After a kernel restart, re-running the cells that define the functions is
-        enough for the new worker to take the old jobs back.
+        enough for the new worker to take the old jobs back. A job names its function
+        the way `%enqueue` does: `__main__.fetch` for one defined in the notebook,
+        `pkg.mod.fetch` for an imported one; a bare `fetch` (what an older nbqueue
+        named it) is still found.
         """
         adopted = []
+        ns = self.shell.user_ns
         for name in self.current().manager.task_names(UNFINISHED, signed=True):
-            fn = self.shell.user_ns.get(name)
-            if name in registry.names() or isinstance(fn, Task) or not callable(fn):
+            if name in registry.names():
                 continue
-            self.current().task(name=name, signed=True)(_LatestDefinition(self.shell.user_ns, name, fn))
+            found = notebook_function(ns, name)
+            if found is None:
+                continue
+            variable, fn = found
+            self.current().task(name=name, signed=True)(_LatestDefinition(ns, variable, fn))
             adopted.append(name)
         return adopted
 
@@ -146,6 +154,37 @@ def _unquote(text: str) -> str:
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return text
+
+
+def task_name(fn: Any, written: str) -> str:
+    """The name `%enqueue` gives a plain function's task: module-qualified, as `@q.task` does
+    (`__main__.fetch` for a function of the notebook, `pkg.mod.fetch` for an imported one).
+    A callable without a qualified name (a partial, an object) is named as written."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and module and qualname:
+        return f"{module}.{qualname}"
+    own = getattr(fn, "__name__", None)
+    return f"{MAIN}{own if isinstance(own, str) and own else written}"
+
+
+def notebook_function(namespace: dict[str, Any], task: str) -> tuple[str, Any] | None:
+    """The notebook's function a signed job names, with the variable that holds it, or None.
+
+    `__main__.fetch` is whatever `fetch` holds now (a redefinition included); `pkg.mod.fetch`
+    is `fetch` if it is that function (imported); a bare `fetch` is the name an older nbqueue
+    gave. A Task is registered by itself, and is never adopted."""
+    if task.startswith(MAIN):
+        variable = task.removeprefix(MAIN)
+    elif "." in task:
+        variable = task.rsplit(".", 1)[1]
+    else:
+        variable = task
+    fn = namespace.get(variable) if variable.isidentifier() else None
+    if fn is None or isinstance(fn, Task) or not callable(fn):
+        return None
+    if "." in task and not task.startswith(MAIN) and task_name(fn, variable) != task:
+        return None  # another function under the same short name
+    return variable, fn
 
 
 class _LatestDefinition:
@@ -354,12 +393,12 @@ class NbqueueMagics(Magics):
             return fn
         if not callable(fn):
             raise UsageError(f"%enqueue: {name} is a {type(fn).__name__}, not a function")
-        # A plain notebook function becomes a task on the fly, under its own name. The
-        # handler looks the name up when the job runs, so redefining the function in the
-        # notebook and requeueing a dead job runs the fixed code.
-        task_name = getattr(fn, "__name__", name)
+        # A plain function becomes a task on the fly, under its module-qualified name like
+        # any task (`__main__.fetch` for one defined in the notebook). The handler looks the
+        # name up when the job runs, so redefining the function in the notebook and
+        # requeueing a dead job runs the fixed code.
         handler = _LatestDefinition(self.shell.user_ns, name if name.isidentifier() else "", fn)
-        task: Task[Any, Any] = self.session.current().task(name=task_name, signed=True)(handler)
+        task: Task[Any, Any] = self.session.current().task(name=task_name(fn, name), signed=True)(handler)
         return task
 
     def _schedule(

@@ -213,8 +213,8 @@ def test_a_new_kernel_gets_the_jobs_of_a_killed_one_back(kernels: Any, tmp_path:
     second = kernels()
     try:
         second.run(f"%load_ext nbqueue\n%nbqueue {path}")
-        # a plain function becomes a task only when %enqueue sees it: register this one by name
-        second.run("@nbqueue_queue.task(name='sleepy')\ndef sleepy():\n    return 'fast'\n")
+        # @q.task names it as %enqueue did (__main__.sleepy), so this task takes the job back
+        second.run("@nbqueue_queue.task\ndef sleepy():\n    return 'fast'\n")
         second.run("%worker start --lease 1")
         wait_until(lambda: q.get(job.id).finished, 20, "the job finished in kernel B")
         done = q.get(job.id)

@@ -96,7 +96,7 @@ def test_first_enqueue_opens_nbqueue_db_in_the_cwd(
     job = ip.run_line_magic("enqueue", "double(4)")
     assert (tmp_path / "nbqueue.db").exists()
     stored = reader(tmp_path / "nbqueue.db").get(job.id)
-    assert stored.task == "double"
+    assert stored.task == "__main__.double"
     assert stored.args == [4]
     assert os.path.samefile(current(ip).target, tmp_path / "nbqueue.db")
 
@@ -148,17 +148,25 @@ def test_a_failed_nbqueue_leaves_the_running_worker_alone(ip: Any, tmp_path: Pat
 # -- %enqueue ---------------------------------------------------------------------
 
 
-def test_enqueue_registers_a_plain_function_under_its_name(ip: Any, double: None, reader: Any) -> None:
+def test_enqueue_registers_a_plain_function_under_its_module_qualified_name(
+    ip: Any, double: None, reader: Any
+) -> None:
     job = ip.run_line_magic("enqueue", "double(21)")
     assert isinstance(job, Job)
-    assert job.task == "double"
+    assert job.task == "__main__.double"  # what @q.task would name it: one rule for both
     assert job.status is State.PENDING
     assert (job.args, job.kwargs) == ([21], {})
-    assert tasks.lookup("double").fn(21) == ip.user_ns["double"](21)
+    assert tasks.lookup("__main__.double").fn(21) == ip.user_ns["double"](21)
     ip.run_cell("def double(x):\n    return 3 * x")  # redefined: the task follows the notebook
-    assert tasks.lookup("double").fn(21) == 63
+    assert tasks.lookup("__main__.double").fn(21) == 63
     stored = reader(current(ip).target).get(job.id)
-    assert (stored.task, stored.args, stored.queue, stored.max_retries) == ("double", [21], "default", 3)
+    assert (stored.task, stored.args, stored.queue, stored.max_retries) == (
+        "__main__.double",
+        [21],
+        "default",
+        3,
+    )
+    assert repr(job) == f"<Job {job.id} pending double queue='default' next: attempt 1 of 4>"
 
 
 def test_enqueue_evaluates_arguments_in_the_notebook_namespace(ip: Any, double: None) -> None:
@@ -166,7 +174,7 @@ def test_enqueue_evaluates_arguments_in_the_notebook_namespace(ip: Any, double: 
     job = ip.run_line_magic("enqueue", "double(n * 2)")
     assert job.args == [14]
     job = ip.run_line_magic("enqueue", "alias(x=n)")
-    assert job.task == "double"  # the function's own name, not the variable's
+    assert job.task == "__main__.double"  # the function's own name, not the variable's
     assert job.kwargs == {"x": 7}
 
 
@@ -202,7 +210,7 @@ def test_enqueue_stores_every_option(ip: Any, double: None, reader: Any) -> None
     short = ip.run_line_magic("enqueue", "-q nightly -d 0.5 -p -2 -r 0 -k k2 double(x=4)")
     db = reader(current(ip).target)
     for j in (job, db.get(job.id)):
-        assert (j.task, j.args, j.status) == ("double", [3], State.PENDING)
+        assert (j.task, j.args, j.status) == ("__main__.double", [3], State.PENDING)
         assert (j.queue, j.priority, j.max_retries, j.key) == ("reports", 5, 7, "daily-1")
         assert j.run_at - j.created_at == timedelta(seconds=30)
     for j in (short, db.get(short.id)):
@@ -624,3 +632,92 @@ def test_the_kernel_worker_runs_the_notebook_jobs_it_queued(ip: Any, tmp_path: P
     finally:
         ip.run_line_magic("worker", "stop")
     assert (tmp_path / "nbqueue-notebooks" / f"report-{job.id}.ipynb").exists()
+
+
+# -- one rule for task names, and the kernel taking its jobs back ------------------------------
+
+
+def test_enqueue_names_a_task_as_q_task_does(ip: Any) -> None:
+    run(ip, "def twice(x):\n    return 2 * x")
+    job = ip.run_line_magic("enqueue", "twice(2)")
+    run(ip, "named = nbqueue_queue.task(twice).name")  # the decorator's default name
+    assert job.task == ip.user_ns["named"] == "__main__.twice"
+
+
+def test_enqueue_of_an_imported_function_names_its_module(ip: Any) -> None:
+    q = current(ip)
+    run(ip, "import textwrap\nfrom textwrap import indent")
+    dotted = ip.run_line_magic("enqueue", "textwrap.dedent('   x')")
+    imported = ip.run_line_magic("enqueue", "indent('y', '> ')")
+    assert (dotted.task, imported.task) == ("textwrap.dedent", "textwrap.indent")
+    ip.run_line_magic("worker", "start")
+    try:
+        assert finished(q, dotted.id).value == "x"
+        assert finished(q, imported.id).value == "> y"
+    finally:
+        ip.run_line_magic("worker", "stop")
+
+
+def forget(*names: str) -> None:
+    """What a kernel restart does to the registry: the notebook's tasks are gone."""
+    for name in names:
+        tasks.unregister(name)
+
+
+def test_a_restarted_kernel_adopts_notebook_functions_under_their_qualified_name(
+    ip: Any, double: None
+) -> None:
+    q = current(ip)
+    job = ip.run_line_magic("enqueue", "double(5)")
+    forget("__main__.double")
+    run(ip, "def double(x=1):\n    return 10 * x")  # the cell run again (fixed, even)
+    ip.run_line_magic("worker", "start")
+    try:
+        assert finished(q, job.id).value == 50
+    finally:
+        ip.run_line_magic("worker", "stop")
+    assert ip.user_ns["nbqueue_queue"].get(job.id).task == "__main__.double"
+
+
+def test_jobs_queued_under_the_old_bare_name_are_still_adopted(ip: Any, double: None) -> None:
+    """An older nbqueue named a %enqueue task by the function's bare name."""
+    q = current(ip)
+    old = q.task(name="double", signed=True)(lambda x=1: 0).enqueue(4)  # signed, as the magic did
+    forget("double")
+    ip.run_line_magic("worker", "start")
+    try:
+        assert finished(q, old.id).value == 8  # the notebook's double
+    finally:
+        ip.run_line_magic("worker", "stop")
+
+
+def test_an_imported_function_is_adopted_only_if_it_is_the_one_named(ip: Any) -> None:
+    q = current(ip)
+    run(ip, "from textwrap import dedent")
+    job = ip.run_line_magic("enqueue", "dedent('  z')")
+    forget("textwrap.dedent")
+    run(ip, "def dedent(text):\n    return 'not textwrap'")  # the name now holds another function
+    assert ip.run_line_magic("worker", "start")["running"] is True
+    ip.run_line_magic("worker", "stop")
+    assert "textwrap.dedent" not in tasks.names()
+    assert q.get(job.id).status is State.PENDING
+    run(ip, "from textwrap import dedent")
+    ip.run_line_magic("worker", "start")
+    try:
+        assert finished(q, job.id).value == "z"
+    finally:
+        ip.run_line_magic("worker", "stop")
+
+
+def test_a_restarted_kernel_leaves_unsigned_rows_alone_whatever_they_are_named(ip: Any, double: None) -> None:
+    q = current(ip)
+    forged = q.enqueue({"args": [1], "kwargs": {}})  # a raw row; then rename its task by hand
+    with contextlib.closing(sqlite3.connect(q.target)) as conn, conn:
+        conn.execute("UPDATE nbqueue_jobs SET task = '__main__.double' WHERE id = ?", (forged.id,))
+    ip.run_line_magic("worker", "start")
+    try:
+        time.sleep(0.5)
+    finally:
+        ip.run_line_magic("worker", "stop")
+    assert "__main__.double" not in tasks.names()
+    assert q.get(forged.id).status is State.PENDING

@@ -29,6 +29,7 @@ COMMANDS = {
     "schedules": "the periodic schedules kept in the queue, with their next run (--remove NAME)",
     "stats": "count the jobs in each state",
     "jobs": "list jobs, newest first",
+    "show": "one job in full: its state, attempt, arguments, error and output",
     "graph": "the jobs linked to a job by after= (its workflow's graph), with their parents",
     "steps": "a job's durable steps (nbqueue.step) and their values",
     "requeue": "give dead or cancelled jobs a fresh start",
@@ -147,9 +148,9 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument("--status", "-s", choices=[s.value for s in State], help="only this state")
     j.add_argument("--queue", "-q", help="only this queue")
     j.add_argument("--limit", "-n", type=int, default=50, help="how many (default 50)")
-    for name in ("graph", "steps"):
+    for name in ("show", "graph", "steps"):
         cmd[name].add_argument("id", type=int, help="a job id")
-    for name in ("stats", "jobs", "graph", "steps"):
+    for name in ("stats", "jobs", "show", "graph", "steps"):
         cmd[name].add_argument("--json", action="store_true", help="print JSON")
     r = cmd["requeue"]
     r.add_argument("ids", nargs="*", type=int, help="job ids")
@@ -420,6 +421,62 @@ def _jobs(queue: Queue, args: argparse.Namespace) -> int:
     return 0
 
 
+def _show(queue: Queue, args: argparse.Namespace) -> int:
+    job = queue.get(args.id)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "id": job.id,
+                    "status": job.status.value,
+                    "queue": job.queue,
+                    "task": job.task,
+                    "attempt": attempt_text(job),
+                    "attempts": job.attempts,
+                    "retries": job.retries,
+                    "max_retries": job.max_retries,
+                    "priority": job.priority,
+                    "key": job.key,
+                    "payload": job.payload,
+                    "run_at": job.run_at.isoformat(),
+                    "created_at": job.created_at.isoformat(),
+                    "updated_at": job.updated_at.isoformat(),
+                    "worker_id": job.worker_id,
+                    "result": job.value if job.status is State.COMPLETED else None,
+                    "error": job.error,
+                    "output": job.output,
+                    "root_cause": job.root_cause,
+                }
+            )
+        )
+        return 0
+    rows = [
+        ("status", job.status.value),
+        ("task", shown_task(job.task)),
+        ("attempt", attempt_text(job)),
+        ("queue", job.queue),
+        ("priority", str(job.priority)),
+        ("key", job.key or "-"),
+        ("run at (UTC)", f"{job.run_at:%Y-%m-%d %H:%M:%S}"),
+        ("created (UTC)", f"{job.created_at:%Y-%m-%d %H:%M:%S}"),
+        ("payload", json.dumps(job.payload)[:500]),
+    ]
+    if job.worker_id:
+        rows.append(("worker", job.worker_id))
+    if job.status is State.COMPLETED:
+        rows.append(("result", (job.result_json or "null")[:500]))
+    if job.root_cause is not None:
+        rows.append(("root cause", f"job {job.root_cause}"))
+    print(f"job {job.id}")
+    for name, value in rows:
+        print(f"  {name:<14} {value}")
+    for name, text in (("error", job.error), ("output", job.output)):
+        if text and text.strip():
+            print(f"{name}:")
+            print("\n".join(f"  {line}" for line in text.rstrip().splitlines()))
+    return 0
+
+
 def _graph(queue: Queue, args: argparse.Namespace) -> int:
     graph = queue.manager.graph(args.id)
     if args.json:
@@ -497,6 +554,7 @@ _COMMANDS = {
     "schedules": _schedules,
     "stats": _stats,
     "jobs": _jobs,
+    "show": _show,
     "graph": _graph,
     "steps": _steps,
     "requeue": _requeue,

@@ -279,6 +279,7 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
         ["stats", "--json"],
         ["jobs"],
         ["jobs", "--status", "dead"],
+        ["show", "1"],
         ["graph", "1"],
         ["steps", "1"],
         ["schedules"],
@@ -471,3 +472,29 @@ def test_worker_with_every_task_says_nothing_about_missing_ones(db: str, tmp_pat
         said = command_line._unserved(q, ["cli.present"], None)
     assert said is not None and "nbqueue.cell (1)" in said and "--allow-code" in said
     assert "--import" not in said
+
+
+def test_show_prints_one_job_in_full(capsys: pytest.CaptureFixture[str], db: str) -> None:
+    with Queue(db) as q:
+        download = q.task(name="__main__.download", max_retries=2)(lambda url: url)
+        job = download.schedule(("https://example.org",), key="dl-1", priority=3)
+        claimed = q.claim()
+        assert claimed is not None
+        q.fail(claimed, "Traceback (most recent call last):\nTimeoutError: too slow")
+    status, out, _ = cli(capsys, "show", db, str(job.id))
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0] == f"job {job.id}"
+    fields = dict(line.strip().split(None, 1) for line in lines[1:4])
+    assert fields == {"status": "failed", "task": "download", "attempt": "attempt 1 of 3 failed"}
+    assert "dl-1" in out and '"https://example.org"' in out
+    assert out.rstrip().endswith("TimeoutError: too slow")
+    status, out, _ = cli(capsys, "show", db, str(job.id), "--json")
+    shown = json.loads(out)
+    assert (shown["task"], shown["attempt"], shown["retries"]) == (
+        "__main__.download",
+        "attempt 1 of 3 failed",
+        1,
+    )
+    status, _, err = cli(capsys, "show", db, "999")
+    assert status == 1 and err.strip() == f"nbqueue: error: {db}: no job with id 999"

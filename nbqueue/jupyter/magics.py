@@ -159,9 +159,12 @@ def _unquote(text: str) -> str:
 def task_name(fn: Any, written: str) -> str:
     """The name `%enqueue` gives a plain function's task: module-qualified, as `@q.task` does
     (`__main__.fetch` for a function of the notebook, `pkg.mod.fetch` for an imported one).
-    A callable without a qualified name (a partial, an object) is named as written."""
+    A callable without a qualified name (a partial, an object) is named as written, and so is
+    a lambda (`f = lambda x: ...` is `__main__.f`: every lambda's own name is `<lambda>`)."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if isinstance(module, str) and isinstance(qualname, str) and module and qualname:
+        if "<lambda>" in qualname and written.isidentifier():
+            return f"{module}.{written}"
         return f"{module}.{qualname}"
     own = getattr(fn, "__name__", None)
     return f"{MAIN}{own if isinstance(own, str) and own else written}"

@@ -721,3 +721,17 @@ def test_a_restarted_kernel_leaves_unsigned_rows_alone_whatever_they_are_named(i
         ip.run_line_magic("worker", "stop")
     assert "__main__.double" not in tasks.names()
     assert q.get(forged.id).status is State.PENDING
+
+
+def test_two_lambdas_are_two_tasks(ip: Any) -> None:
+    """Every lambda's own name is <lambda>: the variable names the task, or one would run the other."""
+    q = current(ip)
+    run(ip, "inc = lambda x: x + 1\nneg = lambda x: -x")
+    a = ip.run_line_magic("enqueue", "inc(1)")
+    b = ip.run_line_magic("enqueue", "neg(1)")
+    assert (a.task, b.task) == ("__main__.inc", "__main__.neg")
+    ip.run_line_magic("worker", "start")
+    try:
+        assert (finished(q, a.id).value, finished(q, b.id).value) == (2, -1)
+    finally:
+        ip.run_line_magic("worker", "stop")

@@ -10,6 +10,7 @@ timer thread can draw while the kernel runs cells.
 from __future__ import annotations
 
 import io
+import re
 from typing import TYPE_CHECKING, Any
 
 from ..jobs import shown_task
@@ -57,7 +58,9 @@ def board_chart(activity: pd.DataFrame, timings: pd.DataFrame) -> str:
     with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text: a fifth of the size
         figure.savefig(buffer, format="svg", metadata={"Date": None})
     text = buffer.getvalue()
-    return text[text.index("<svg") :]
+    svg = text[text.index("<svg") :]
+    # Scale with the output area: the viewBox stays, the fixed size in points goes.
+    return re.sub(r'width="[\d.]+pt" height="[\d.]+pt"', 'width="100%" style="height:auto"', svg, count=1)
 
 
 def _activity(axes: Any, activity: pd.DataFrame) -> None:

@@ -114,14 +114,15 @@ def _text_cell(job: Job, note: str | None = None, silent: bool = False) -> str:
 
 _COLUMNS = (  # heading, width: fixed widths where the text is short, shares of the rest elsewhere
     ("id", "52px"),
-    ("task", "16%"),
-    ("queue", "9%"),
+    ("task", "14%"),
+    ("queue", "8%"),
     ("status", "112px"),
-    ("attempt", "118px"),
+    ("attempt", "84px"),
     ("updated", "76px"),
-    ("progress", "18%"),
+    ("progress", "16%"),
     ("error / waiting on", "auto"),
 )
+PROGRESS = 6  # the progress column's place: the dead-letter view's tables leave it out
 
 
 def jobs_table(
@@ -132,13 +133,16 @@ def jobs_table(
     silent: set[int] | None = None,
     selected: int = 0,
     now: datetime | None = None,
+    progress: bool = True,
 ) -> str:
     """An HTML table of jobs (escaped), one line each; `running` jobs pinned above the rest under
-    their own heading; `notes` say what waiting jobs wait for; `silent` running jobs are marked."""
+    their own heading; `notes` say what waiting jobs wait for; `silent` running jobs are marked;
+    `progress=False` leaves the progress column out (jobs that cannot be running)."""
     now = now or datetime.now(UTC)
     notes, silent = notes or {}, silent or set()
-    cols = "".join(f"<col style='width:{w}'>" for _, w in _COLUMNS)
-    head = "".join(f"<th>{h}</th>" for h, _ in _COLUMNS)
+    keep = [i for i in range(len(_COLUMNS)) if progress or i != PROGRESS]
+    cols = "".join(f"<col style='width:{_COLUMNS[i][1]}'>" for i in keep)
+    head = "".join(f"<th>{_COLUMNS[i][0]}</th>" for i in keep)
 
     def row(job: Job) -> str:
         # Every value is escaped, whatever its column: a row written by hand may hold anything.
@@ -157,17 +161,17 @@ def jobs_table(
         chosen = " class='nbqueue-selected'" if job.id == selected else ""
         return (
             f"<tr data-row-id='{job.id}' data-job-id='{job.id}' data-status='{job.status.value}'{chosen}>"
-            + "".join(f"<td>{c}</td>" for c in cells)
+            + "".join(f"<td>{cells[i]}</td>" for i in keep)
             + "</tr>"
         )
 
     def section(title: str) -> str:
-        return f"<tr class='nbqueue-section'><td colspan='{len(_COLUMNS)}'>{title}</td></tr>"
+        return f"<tr class='nbqueue-section'><td colspan='{len(keep)}'>{title}</td></tr>"
 
     body = ""
     if running:
         body += section("RUNNING NOW") + "".join(row(j) for j in running) + section("RECENT")
-    body += "".join(row(j) for j in jobs) or f"<tr><td colspan='{len(_COLUMNS)}'><i>no jobs</i></td></tr>"
+    body += "".join(row(j) for j in jobs) or f"<tr><td colspan='{len(keep)}'><i>no jobs</i></td></tr>"
     return (
         f"<table class='nbqueue-jobs'><colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead>"
         f"<tbody>{body}</tbody></table>"
@@ -242,13 +246,15 @@ def attempts_table(frame: Any) -> str:
             + "".join(f"<td style='padding:1px 8px;{_ONE_LINE}'>{c}</td>" for c in cells)
             + "</tr>"
         )
+    widths = ("80px", "150px", "72px", "90px", "150px", "auto")
+    cols = "".join(f"<col style='width:{w}'>" for w in widths)
     head = "".join(
         f"<th style='text-align:left;padding:1px 8px'>{h}</th>"
         for h in ("attempt", "started (UTC)", "took", "outcome", "worker", "error")
     )
     return (
         "<div><b>attempts</b><table class='nbqueue-attempts' style='table-layout:fixed;width:100%;"
-        f"font-size:12px'><tr>{head}</tr>{''.join(rows)}</table></div>"
+        f"font-size:12px'><colgroup>{cols}</colgroup><tr>{head}</tr>{''.join(rows)}</table></div>"
     )
 
 
@@ -973,7 +979,7 @@ class DeadLetterView(_LiveView):
                 self.select.options = options
                 self.select.value = keep
             chosen = self.select.value[0] if self.select.value else 0
-            self.table.value = jobs_table(self.jobs, selected=chosen)
+            self.table.value = jobs_table(self.jobs, selected=chosen, progress=False)
             self.table.selected = chosen
             group = (
                 f" of {html.escape(shown_task(self._group[0]))} · {html.escape(self._group[1])}"

@@ -2,9 +2,11 @@
 
 A fresh JupyterLab server (temp config, data, runtime, workspace, IPython and HOME
 dirs; a free port; no token) serves a copy of `board.ipynb`. Playwright runs all
-cells, checks that the board's rendered counts match the SQLite file, clicks
-"Requeue all" in the dead-letter view and waits for the board to show every job
-completed. Any error output, "Error displaying widget" or browser console error
+cells and checks, at 1280 px: the board's rendered counts match the SQLite file; the
+running job is pinned first with a moving bar; the chart is drawn; no job or group row
+is taller than one line. It requeues the dead-letter group with one click, opens the
+running job by clicking its row, cancels it from the detail pane, and waits for the
+board to show every other job completed. Any error output, "Error displaying widget" or browser console error
 fails the test. Only the server this test started is stopped, by its process id.
 
 Screenshots go to the test's temp dir; with NBQUEUE_UPDATE_SCREENSHOTS=1 they are
@@ -92,6 +94,12 @@ PAGE_STATE_JS = """() => {
         problems,
     };
 }"""
+
+# The height of every job and group row the views show: one line of text each.
+ROW_HEIGHTS_JS = """() => [...document.querySelectorAll(
+    '.nbqueue-board tr[data-row-id], .nbqueue-deadletters tr[data-row-id]')]
+    .map((row) => row.getBoundingClientRect().height)"""
+ONE_LINE_PX = 26  # 18 px of text and its padding; a wrapped row is 36 px or more
 
 BOARD_COUNTS_JS = """() => Object.fromEntries(
     [...document.querySelectorAll('.nbqueue-board .nbqueue-count')]
@@ -296,7 +304,7 @@ def headless_chromium(sync_playwright: Any, lab: Lab, tmp_path: Path) -> Iterato
             executable_path=CHROMIUM,
             headless=True,
             args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000},
+            viewport={"width": 1280, "height": 1000},
             env={**os.environ, "HOME": str(lab.home)},
         )
         try:
@@ -335,6 +343,8 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
             " === 'idle'",
             timeout=30_000,
         )
+        # The notebook gets the whole 1280 px: no file browser beside it.
+        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
         # Every code cell ran and the kernel is idle; fail at once on any error sign.
@@ -351,30 +361,54 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
         dead_view.wait_for(state="visible")
         browser.check()
 
-        # The board shows what the SQLite file holds.
-        db = _db_counts(lab.db)
-        assert db["completed"] == GOOD and db["dead"] == BAD, db
-        assert browser.board_counts() == db
+        # The board shows what the SQLite file holds, the long job pinned on top, its bar moving.
+        want = {**{state.value: 0 for state in nbqueue.State}, "completed": GOOD, "dead": BAD, "running": 1}
+        wait_until(lambda: browser.board_counts() == want == _db_counts(lab.db), 20, f"board showing {want}")
+        running = board.locator("table.nbqueue-jobs tbody tr[data-row-id]").first
+        assert running.get_attribute("data-status") == "running"
+        bar = running.locator(".nbqueue-progress")
+        start = int(bar.get_attribute("data-percent") or 0)
+        wait_until(
+            lambda: int(bar.get_attribute("data-percent") or 0) > start,
+            20,
+            "the running bar moving",
+            every=0.25,
+        )
+        # The chart is drawn (matplotlib SVG), and every row is one line of text at 1280 px.
+        board.locator(".nbqueue-chart svg").wait_for(state="attached")
+        heights = page.evaluate(ROW_HEIGHTS_JS)
+        assert heights and max(heights) <= ONE_LINE_PX, f"rows taller than one line: {heights}"
+
+        # Dead letters: the three flaky failures are one group, requeued with one click.
         dead_count = dead_view.locator(".nbqueue-dead-count")
         assert dead_count.get_attribute("data-count") == str(BAD)
-        assert dead_view.locator("table.nbqueue-jobs tbody tr").count() == BAD
+        groups = dead_view.locator("table.nbqueue-dead-groups tbody tr[data-row-id]")
+        assert groups.count() == 1
         _save(dead_view, shots, "deadletters.png")
-
-        dead_view.get_by_role("button", name="Requeue all").click()
+        groups.first.get_by_role("button", name=f"Requeue {BAD}").click()
         dead_view.locator(".nbqueue-message", has_text=f"requeued {BAD} job(s)").wait_for()
 
+        # A click on the running row opens it; Cancel in its detail pane stops it.
+        running.click()
+        detail = board.locator(".nbqueue-detail")
+        detail.locator("text=slow").first.wait_for()
+        assert detail.get_attribute("data-job-id") == running.get_attribute("data-row-id")
+        _save(board, shots, "board.png")
+        board.get_by_role("button", name="Cancel job").click()
+        board.locator(".nbqueue-message", has_text="cancelled job").wait_for()
+
         # The board refreshes itself every second; the flaky jobs pass on their second run.
-        want = {**{state.value: 0 for state in nbqueue.State}, "completed": GOOD + BAD}
+        want = {**{state.value: 0 for state in nbqueue.State}, "completed": GOOD + BAD, "cancelled": 1}
 
         def all_done() -> bool:
             browser.check()
             return browser.board_counts() == want and _db_counts(lab.db) == want
 
-        wait_until(all_done, 20, f"board and database showing {want}", every=0.25)
+        wait_until(all_done, 30, f"board and database showing {want}", every=0.25)
         wait_until(
             lambda: dead_count.get_attribute("data-count") == "0", 10, "dead-letter count 0", every=0.2
         )
-        _save(board, shots, "board.png")
+        assert board.locator(".nbqueue-outcome-part[data-state='cancelled']").count() == 1
         browser.check()
     except BaseException:
         page.screenshot(path=str(shots / "failure.png"), full_page=True)

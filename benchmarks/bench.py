@@ -308,7 +308,7 @@ def board_refresh(q: nbqueue.Queue) -> float:
         from nbqueue.jupyter.views import JobBoard
     except ImportError:
         return float("nan")
-    board = JobBoard(q, interval=0)
+    board = JobBoard(q, interval=0, chart=False)  # the chart redraws every 10 s, on its own thread
     try:
         return seconds_per(20, board.refresh)
     finally:

@@ -90,7 +90,11 @@ def process_gone(pid: int | None) -> bool:
         return True
     except OSError:  # PermissionError: it exists
         return False
-    return False
+    try:  # a zombie (dead, not yet reaped by its parent) runs nothing either
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[-1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 STORED_PREFIX = "schedule:"  # the slots of stored schedules (storage deletes them by it too)

@@ -133,3 +133,26 @@ def set_claimer(target: str, backend: str, job_id: int, host: str, pid: int) -> 
             f'UPDATE "{schema}".nbqueue_jobs SET worker_host = %s, worker_pid = %s WHERE id = %s',  # type: ignore[arg-type]
             (host, pid, job_id),
         )
+
+
+@pytest.mark.slow
+def test_a_killed_worker_not_yet_reaped_counts_as_gone(
+    queue: Queue, queue_target: str, tmp_path: Path
+) -> None:
+    """A killed worker whose parent has not reaped it yet (a zombie) runs nothing: its job comes back."""
+    job = register(queue).enqueue()
+    child, pid = spawn_claimer(queue, queue_target, tmp_path)
+    try:
+        child.send_signal(signal.SIGKILL)
+        wait_until(lambda: Path(f"/proc/{pid}").exists() is False or _zombie(pid), 10, "the child is dead")
+        assert queue.recover() == 1
+        assert list(queue.attempts(job)["outcome"]) == ["lost"]
+    finally:
+        kill(child)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0] == b"Z"
+    except OSError:
+        return False

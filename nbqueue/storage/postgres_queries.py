@@ -685,7 +685,8 @@ FAILURES = (
 )
 # The running jobs a host's workers claimed (with the claiming process): recovered when it is gone.
 RUNNING_ON = (
-    f"{SELECT_JOBS.replace(' FROM', ', worker_pid FROM')} WHERE status = 'running' AND worker_host = %(host)s"
+    f"SELECT {', '.join(COLUMNS)}, worker_pid FROM nbqueue_jobs "
+    "WHERE status = 'running' AND worker_host = %(host)s"
 )
 CLAIMS = (
     f"SELECT id, status, worker_host, worker_pid, lease_until, lease_us FROM nbqueue_jobs WHERE id = {IDS}"

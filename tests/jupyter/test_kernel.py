@@ -170,7 +170,7 @@ def test_job_output_never_lands_in_a_cell(kernels: Any, tmp_path: Path, db: Any)
         # the cell's own print still reaches the cell, and nothing else does
         assert stdout_of(sleeping) == "MAIN-CELL-OK\n"
         jobs = sorted(q.jobs(limit=100), key=lambda j: j.args[0])
-        assert [j.task for j in jobs] == ["chatty"] * N_JOBS
+        assert [j.task for j in jobs] == ["__main__.chatty"] * N_JOBS
         assert any(j.finished_at is not None and before <= j.finished_at <= after for j in jobs), (
             "no job finished while the sleeping cell ran, so the test proved nothing"
         )

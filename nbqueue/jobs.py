@@ -409,6 +409,8 @@ def attempt_text(job: Job) -> str:
     number = min(job.retries + 1, allowed)
     if job.status in (State.PENDING, State.BLOCKED):
         return f"next: attempt {number} of {allowed}"
+    # Cancelled while waiting for a retry: the last attempt is the one that failed, not the next.
+    number = min(number, job.attempts) if job.attempts else number
     if job.attempts == 0:  # cancelled or upstream_failed before it ever ran
         return f"never run ({allowed} attempt{'s' if allowed != 1 else ''} allowed)"
     return f"attempt {number} of {allowed}"

@@ -109,3 +109,29 @@ def test_an_illegal_transition_names_the_states_it_is_allowed_from(
     message = str(info.value)
     assert message.startswith(said)
     assert "may become" not in message and "nothing" not in message
+
+
+def test_attempts_read_as_attempt_k_of_n(queue: nbqueue.Queue) -> None:
+    """One vocabulary: "attempt k of n", n = max_retries + 1, through a job's whole life."""
+    from nbqueue.jobs import attempt_text
+
+    job = queue.enqueue({"n": 1}, max_retries=3)
+    assert attempt_text(queue.get(job.id)) == "next: attempt 1 of 4"
+    claim = queue.claim(lease=60)
+    assert claim is not None and attempt_text(claim) == "attempt 1 of 4"
+    queue.fail(claim, "broke")
+    assert attempt_text(queue.get(job.id)) == "attempt 1 of 4 failed"
+    queue.cancel(job.id)  # cancelled while waiting for attempt 2: attempt 1 was its last
+    assert attempt_text(queue.get(job.id)) == "attempt 1 of 4"
+
+    once = queue.enqueue({"n": 2}, max_retries=0)
+    claim = queue.claim(lease=60)
+    assert claim is not None and claim.id == once.id
+    queue.fail(claim, "broke")
+    assert attempt_text(queue.get(once.id)) == "attempt 1 of 1"  # dead
+    queue.requeue([once.id])
+    assert attempt_text(queue.get(once.id)) == "next: attempt 1 of 1"
+
+    never = queue.enqueue({"n": 3})
+    queue.cancel(never.id)
+    assert attempt_text(queue.get(never.id)).startswith("never run")

@@ -21,6 +21,7 @@ from .rules import (
     FAILED_OUTCOMES_SQL,
     FINISHED_SQL,
     HEADS,
+    NO_LIMITS_NO_SCAN,
     REPLAYABLE_SQL,
     REQUEUEABLE_SQL,
     UNFINISHED_SQL,
@@ -477,7 +478,7 @@ LIMITS = (
 )
 WAITING_PER_KEY = (
     "SELECT held.key, count(*) FROM nbqueue_jobs, jsonb_each_text(limits::jsonb) AS held "
-    f"WHERE {CLAIMABLE_SQL} AND gate > '' GROUP BY held.key"
+    f"WHERE {NO_LIMITS_NO_SCAN} AND {CLAIMABLE_SQL} AND gate > '' GROUP BY held.key"
 )
 COMPLETE_THEN_CLAIM_FROM_QUEUES = _complete_then_claim(NAMED_QUEUES)
 COMPLETE_THEN_CLAIM_FROM_ANY_QUEUE = _complete_then_claim(EVERY_WAITING_QUEUE)

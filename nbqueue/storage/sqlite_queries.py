@@ -360,7 +360,10 @@ LIMITS = (
     "WHERE status = 'running' AND held.key = nbqueue_limits.key) FROM nbqueue_limits ORDER BY key"
 )
 WAITING_PER_KEY = (
-    "SELECT held.key, count(*) FROM nbqueue_jobs, json_each(nbqueue_jobs.limits) AS held "
+    # With no limit defined, the outer loop has no row and no job is read (SQLite keeps the
+    # order of a CROSS JOIN; it evaluates an EXISTS term row by row).
+    "SELECT held.key, count(*) FROM (SELECT 1 FROM nbqueue_limits LIMIT 1) AS defined "
+    "CROSS JOIN nbqueue_jobs CROSS JOIN json_each(nbqueue_jobs.limits) AS held "
     f"WHERE {CLAIMABLE_SQL} AND gate > '' GROUP BY held.key"
 )
 NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)

@@ -250,6 +250,7 @@ def drain_same_schema(folder: Path, n: int) -> tuple[float, float]:
     conn = sqlite3.connect(q.target, isolation_level=None)
     conn.execute("PRAGMA synchronous = NORMAL")
     where = {"queues": None, "tasks": json.dumps([NOOP]), "signed": "[]", "worker": "w", "lease": 60_000_000}
+    where |= {"host": "bench", "pid": os.getpid()}  # the claimer, as nbqueue records it
 
     def raw_work() -> None:  # nbqueue's statements: complete and the next claim in one commit
         stamp = now_us()

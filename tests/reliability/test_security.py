@@ -361,8 +361,10 @@ def test_database_and_wal_are_owner_only_whatever_the_umask(tmp_path: Path) -> N
 
 def test_a_database_created_by_the_cli_is_owner_only(tmp_path: Path) -> None:
     path = tmp_path / "cli.db"
+    notebook = tmp_path / "report.ipynb"  # queueing a notebook run creates the queue file
+    notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
     done = subprocess.run(
-        [sys.executable, "-m", "nbqueue", "stats", str(path)],
+        [sys.executable, "-m", "nbqueue", "notebook", str(path), str(notebook)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -40,8 +40,6 @@ COMMANDS = {
 #: Commands that only read, or change only jobs that must already be there: a missing SQLite
 #: file is refused ("no queue at PATH") instead of being created empty.
 EXISTING_ONLY = frozenset(COMMANDS) - {"worker", "notebook"}
-#: At most this many pending jobs are read to count them by task (stats, worker start).
-COUNT_LIMIT = 100_000
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -202,24 +200,6 @@ def _missing_file(target: str) -> bool:
     return "://" not in target and not os.path.exists(target)
 
 
-def _pending_by_task(queue: Queue, queues: Sequence[str] | None = None) -> tuple[dict[str | None, int], bool]:
-    """How many pending jobs each task has (None: raw payload jobs), most first; and whether
-    the count stopped at COUNT_LIMIT jobs (the newest ones)."""
-    found: dict[str | None, int] = {}
-    seen, page = 0, 5000
-    while seen < COUNT_LIMIT:
-        jobs = queue.manager.jobs([State.PENDING], None, page, seen, brief=True)
-        for job in jobs:
-            if queues is None or job.queue in queues:
-                found[job.task] = found.get(job.task, 0) + 1
-        seen += len(jobs)
-        if len(jobs) < page:
-            break
-    else:
-        return _most_first(found), True
-    return _most_first(found), False
-
-
 def _most_first(counts: dict[str | None, int]) -> dict[str | None, int]:
     """Tasks by how many jobs they have, most first; then by name, raw payloads last."""
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] is None, shown_task(kv[0]))))
@@ -227,7 +207,7 @@ def _most_first(counts: dict[str | None, int]) -> dict[str | None, int]:
 
 def _unserved(queue: Queue, runnable: Sequence[str], queues: Sequence[str] | None) -> str | None:
     """What a worker that runs `runnable` says about pending jobs of other tasks (None: nothing)."""
-    waiting, capped = _pending_by_task(queue, queues)
+    waiting = _most_first(queue.manager.pending_per_task(queues))
     missing = {task: n for task, n in waiting.items() if task is not None and task not in runnable}
     if not missing:
         return None
@@ -239,9 +219,8 @@ def _unserved(queue: Queue, runnable: Sequence[str], queues: Sequence[str] | Non
         hints.append("--import MODULE")
     if set(missing) & code:
         hints.append("--allow-code (queued code: only for a queue you trust)")
-    more = "+" if capped else ""
     return (
-        f"nbqueue worker: no task here for {total}{more} pending job(s) of: {named}; "
+        f"nbqueue worker: no task here for {total} pending job(s) of: {named}; "
         f"start the worker with {' or '.join(hints)}"
     )
 
@@ -365,15 +344,13 @@ def _stats(queue: Queue, args: argparse.Namespace) -> int:
             print(f"{state:<{width}}  {n}")
         print(f"{'total':<{width}}  {sum(counts.values())}")
         if counts["pending"]:
-            waiting, capped = _pending_by_task(queue)
+            waiting = _most_first(queue.manager.pending_per_task())
             print()
             for task, n in waiting.items():
                 if task is None:
                     print(f"{n} pending raw payload job(s) (taken by claim(), never by a worker)")
                 else:
                     print(f"{n} pending job(s) of task {shown_task(task)}")
-            if capped:
-                print(f"(counted among the newest {COUNT_LIMIT:,} pending jobs)")
     return 0
 
 

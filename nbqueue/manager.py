@@ -916,6 +916,14 @@ class JobManager:
         rows = self.storage.rows(statuses, queue, limit, offset, brief)
         return [listed(row).attach(self) for row in rows]
 
+    def pending_per_task(self, queues: Sequence[str] | None = None) -> dict[str | None, int]:
+        """How many pending jobs each task has in `queues` (all: None); None is raw payloads."""
+        found: dict[str | None, int] = {}
+        for queue, task, n in self.storage.pending_per_task():
+            if queues is None or queue in queues:
+                found[task] = found.get(task, 0) + int(n)
+        return found
+
     def task_names(self, statuses: Sequence[State], signed: bool = False) -> list[str]:
         """The task names of jobs in `statuses` (with `signed`, only of jobs that carry a signature)."""
         return self.storage.task_names(statuses, signed)

@@ -883,3 +883,21 @@ def test_cancel_stamps_the_queue_clock(clocked_queue: Queue, clock: ManualClock,
     assert cancelled.finished_at == at(clock)
     stored = q.get(job.id)
     assert (stored.updated_at, stored.finished_at) == (at(clock), at(clock))
+
+
+def test_pending_jobs_counted_per_task_in_one_query(queue: Queue) -> None:
+    """What `nbqueue stats` and a starting worker say waits for which task, by queue."""
+
+    @queue.task(name="app.download")
+    def download(n: int) -> int:
+        return n
+
+    for n in range(3):
+        download.schedule((n,), queue="a")
+    download.schedule((9,), queue="b")
+    queue.enqueue({"raw": 1}, queue="a")
+    running = queue.enqueue({"raw": 2}, queue="a", priority=10)
+    assert (claimed := queue.claim(lease=60)) is not None and claimed.id == running.id
+    assert queue.manager.pending_per_task() == {"app.download": 4, None: 1}
+    assert queue.manager.pending_per_task(["b"]) == {"app.download": 1}
+    assert queue.manager.pending_per_task(["nowhere"]) == {}

@@ -399,6 +399,10 @@ class Storage(Protocol):
         """The task names of jobs in `statuses` (only of signed jobs, with `signed`)."""
         ...
 
+    def pending_per_task(self) -> list[Row]:
+        """(queue, task, count) of the pending jobs, one row per queue and task."""
+        ...
+
     def now(self) -> int | None:
         """The server's clock in microseconds, or None for a backend without one."""
         ...

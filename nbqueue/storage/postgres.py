@@ -36,6 +36,7 @@ from ..errors import (
 from ..jobs import State
 from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, StoredSchedule, cascade
 from . import postgres_queries as sql
+from .rules import PENDING_PER_TASK
 
 try:
     import psycopg
@@ -798,6 +799,9 @@ class PostgresStorage:
     def task_names(self, statuses: Sequence[State], signed: bool = False) -> list[str]:
         params = {"statuses": [s.value for s in statuses], "signed": signed}
         return [str(r[0]) for r in self._rows(sql.TASK_NAMES, params)]
+
+    def pending_per_task(self) -> list[Row]:
+        return list(self._rows(PENDING_PER_TASK))
 
     def now(self) -> int | None:
         row = self._one(sql.SERVER_TIME)

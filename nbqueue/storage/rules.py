@@ -33,6 +33,10 @@ REQUEUEABLE_SQL = status_in(sources(State.PENDING, "requeue"))
 REPLAYABLE_SQL = status_in((*sources(State.PENDING, "requeue"), *sources(State.PENDING, "replay")))
 #: Every state, for the CHECK constraint.
 ANY_STATE_SQL = status_in(State)
+#: Pending jobs per queue and task (the same text for both engines: it takes no parameter).
+PENDING_PER_TASK = (
+    "SELECT queue, task, count(*) FROM nbqueue_jobs WHERE status = 'pending' GROUP BY queue, task"
+)
 #: A term PostgreSQL evaluates once, before any row (a one-time filter): with no limit defined,
 #: reading what waits on limits scans nothing (else a board's refresh reads every pending job).
 NO_LIMITS_NO_SCAN = "EXISTS (SELECT 1 FROM nbqueue_limits)"

@@ -33,6 +33,7 @@ from ..errors import (
 from ..jobs import State
 from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, StoredSchedule, cascade
 from . import sqlite_queries as sql
+from .rules import PENDING_PER_TASK
 
 BUSY_TIMEOUT_MS = 10_000
 LOCKED_RETRY_SECONDS = 120.0  # beyond busy_timeout: contention is waited out, never surfaced
@@ -688,6 +689,9 @@ class SQLiteStorage:
     def task_names(self, statuses: Sequence[State], signed: bool = False) -> list[str]:
         params = {"statuses": _ids([s.value for s in statuses]), "signed": signed}
         return [r[0] for r in self._read(sql.TASK_NAMES, params)]
+
+    def pending_per_task(self) -> list[Row]:
+        return self._read(PENDING_PER_TASK)
 
     def now(self) -> int | None:
         return None

@@ -172,8 +172,12 @@ class PostgresStorage:
                 connect_timeout=10,
                 **settings,  # type: ignore[arg-type]  # psycopg passes other keywords to libpq
             )
-            # Every statement names its tables without a schema: the schema is the path.
-            conn.execute(pg_sql.SQL("SET search_path TO {}").format(pg_sql.Identifier(self.schema)))
+            # Every statement names its tables without a schema: the schema is the path. No JIT:
+            # the recursive claim statements are estimated dear, and compiling them took 47 ms
+            # of each 48 ms limited claim, on a table of 60 jobs.
+            conn.execute(
+                pg_sql.SQL("SET search_path TO {}; SET jit = off").format(pg_sql.Identifier(self.schema))
+            )
             conn.autocommit = autocommit
             return conn
         except psycopg.Error as exc:

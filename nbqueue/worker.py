@@ -60,7 +60,7 @@ IDLE_RECHECK = 0.5  # seconds an idle thread sleeps before re-reading the due ti
 # A claim that took nothing although jobs are due (limits hold them back, or other workers took
 # them first) waits this long for a change before it claims again, instead of spinning on the
 # database (twelve spinning threads made three PostgreSQL workers 30 times slower).
-HELD_BACK_RECHECK = 0.02
+HELD_BACK_RECHECK = 0.005
 CANCEL_EVERY = 0.5  # seconds between checks for running jobs cancelled with q.cancel()
 PERIODIC_EVERY = 1.0  # seconds between checks for periodic slots
 KILL_GRACE = 5.0  # seconds stop() gives a process-mode runner to kill its child

@@ -184,3 +184,42 @@ def test_killed_worker_process_loses_nothing(queue_target: str, make_queue: Make
     assert f"lost: worker process {child.pid} on " in why or "lease expired" in why, why
     assert queue.counts()["completed"] == 3
     assert sum(queue.counts().values()) == 3
+
+
+CLOSER = textwrap.dedent(
+    """
+    import sys, threading, time
+    import nbqueue
+
+    for i in range(40):
+        q = nbqueue.Queue(sys.argv[1])
+        q.enqueue_many([{"n": n} for n in range(50)])
+        def read():
+            try:
+                for _ in range(20):
+                    q.history(limit=300)
+                    q.activity(60)
+            except nbqueue.NbqueueError:
+                pass  # "the queue is closed": the one acceptable end
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.005 * (i % 5))
+        q.close()
+        reader.join()
+    print("survived", flush=True)
+    """
+)
+
+
+def test_closing_a_queue_while_another_thread_reads_it_is_safe(queue_target: str) -> None:
+    """A board's chart thread may be mid-query when the notebook closes the queue: closing
+    another thread's connection under a running statement crashed the process (SIGSEGV)."""
+    run = subprocess.run(
+        [sys.executable, "-c", CLOSER, queue_target],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-2000:]}"
+    assert run.stdout.strip() == "survived"

@@ -700,12 +700,19 @@ class JobBoard(_LiveView):
         self._chart_thread = threading.Thread(target=self.draw_chart, name="nbqueue-chart", daemon=True)
         self._chart_thread.start()
 
+    @property
+    def live(self) -> bool:
+        """True while the refresh timer runs or the chart is being drawn."""
+        drawing = self._chart_thread is not None and self._chart_thread.is_alive()
+        return drawing or super().live
+
     def draw_chart(self) -> None:
         """Draw the chart now (the board redraws it by itself every 10 s)."""
         try:
             picture = board_picture(self.queue)
         except Exception:  # a picture must never break the board
-            log.exception("drawing the board's chart failed")
+            if not self._closed.is_set():  # closed with its queue mid-draw: nothing to say
+                log.exception("drawing the board's chart failed")
             return
         self.chart.value = (
             f"<div class='nbqueue-chart' style='width:100%;max-width:960px'>{picture}</div>"

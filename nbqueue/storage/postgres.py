@@ -857,7 +857,9 @@ class PostgresStorage:
         self._closed = True
         with self._all_lock:
             for conn in self._all:
-                with contextlib.suppress(psycopg.Error):
+                # psycopg holds conn.lock while a statement runs; closing under it waits for
+                # the statement, rather than freeing the connection beneath another thread.
+                with conn.lock, contextlib.suppress(psycopg.Error):
                     conn.close()
             self._all.clear()
         with self._listen_lock:

@@ -93,7 +93,9 @@ class SQLiteStorage:
         self.path = str(Path(path).expanduser().resolve())
         self.synchronous = synchronous
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        # Every thread's connection with the lock it holds while using it: close() takes each
+        # lock first, since closing a connection mid-statement in another thread crashes.
+        self._all: list[tuple[sqlite3.Connection, threading.RLock]] = []
         self._all_lock = threading.Lock()
         self._closed = False
         with _signals_lock:
@@ -149,7 +151,8 @@ class SQLiteStorage:
                 with suppress(FileNotFoundError):
                     os.unlink(leftover)
 
-    def _conn(self) -> sqlite3.Connection:
+    def _conn(self) -> tuple[sqlite3.Connection, threading.RLock]:
+        """This thread's connection and the lock held while it is in use."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             if self._closed:
@@ -162,10 +165,10 @@ class SQLiteStorage:
                 conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             except sqlite3.Error as exc:
                 raise _translate(exc, self.path) from exc
-            self._local.conn = conn
+            self._local.conn, self._local.busy = conn, threading.RLock()
             with self._all_lock:
-                self._all.append(conn)
-        return conn
+                self._all.append((conn, self._local.busy))
+        return conn, self._local.busy
 
     def _retrying(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run `work`, waiting out lock contention so 'database is locked' never escapes."""
@@ -173,7 +176,9 @@ class SQLiteStorage:
         pause = 0.001
         while True:
             try:
-                return work(self._conn())
+                conn, busy = self._conn()
+                with busy:
+                    return work(conn)
             except sqlite3.Error as exc:
                 if _is_locked(exc) and time.monotonic() < deadline:
                     time.sleep(pause)
@@ -723,8 +728,8 @@ class SQLiteStorage:
     def close(self) -> None:
         self._closed = True
         with self._all_lock:
-            for conn in self._all:
-                with suppress(sqlite3.Error):
+            for conn, busy in self._all:
+                with busy, suppress(sqlite3.Error):  # waits for a statement running in its thread
                     conn.close()
             self._all.clear()
         self._local = threading.local()

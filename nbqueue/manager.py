@@ -240,7 +240,7 @@ class JobManager:
             self._new_job(None, payload_json.dumps(p, f"payloads[{i}]"), chosen, None)
             for i, p in enumerate(payloads)
         ]
-        return [job_id for job_id, _ in self.storage.insert(news, self.stamp())] if news else []
+        return [job_id for job_id, _, _ in self.storage.insert(news, self.stamp())] if news else []
 
     def _new_job(
         self,
@@ -273,11 +273,10 @@ class JobManager:
         )
 
     def _insert_one(self, new: NewJob) -> Job:
-        now = self.stamp()
-        [(job_id, created)] = self.storage.insert([new], now)
-        if not created or now is None:  # a held key's job, or server time: read it back
+        [(job_id, created, created_at)] = self.storage.insert([new], self.stamp())
+        if not created or created_at is None:  # a held key's job: read it back
             return self.get(job_id)
-        stamp = from_us(now)
+        stamp = from_us(created_at)
         assert stamp is not None
         run_at = (
             from_us(new.run_at_us)

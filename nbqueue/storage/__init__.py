@@ -23,6 +23,7 @@ from ..errors import InvalidArgument
 from ..jobs import State
 
 Row = tuple[Any, ...]
+Inserted = tuple[int, bool, int | None]  # id, created, created_at (microseconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +124,9 @@ class Storage(Protocol):
     #: True when the backend has a clock of its own (a database server's `now()`).
     server_clock: bool
 
-    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
-        """Write jobs in one transaction; (id, created) each. A held key returns its job's id."""
+    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[Inserted]:
+        """Write jobs in one transaction; (id, created, created_at) each, so a new job needs no
+        read back. A held key returns its job's id, not created, and no time."""
         ...
 
     def insert_linked(

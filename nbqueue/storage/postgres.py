@@ -34,7 +34,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, StoredSchedule, cascade
+from . import ClaimRequest, Decide, Filter, Inserted, NewJob, Row, StepRecord, StoredSchedule, cascade
 from . import postgres_queries as sql
 from .rules import PENDING_PER_TASK
 
@@ -307,21 +307,21 @@ class PostgresStorage:
 
     # -- writing ---------------------------------------------------------------
 
-    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
+    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[Inserted]:
         if len(jobs) > 1 and any(j.key is not None for j in jobs):
             return [pair for job in jobs for pair in self.insert([job], now)]  # each key answers for itself
         params = {**_insert_params(jobs), "now": now, "channel": self.channel}
         for _ in range(10):  # a held key's job may finish meanwhile: then insert again
             params["token"] = _token()
-            created = [int(r[0]) for r in self._rows(sql.INSERT, params, lost=sql.INSERTED)]
+            created = self._rows(sql.INSERT, params, lost=sql.INSERTED)
             if len(created) == len(jobs):
                 self.notify()
-                return [(i, True) for i in created]
+                return [(int(i), True, int(stamp)) for i, stamp in created]
             if all(j.key is None for j in jobs):
                 raise StorageError(f"{self._where}: {len(jobs) - len(created)} jobs were not written")
             held = self._one(sql.HELD_KEY, {"key": jobs[0].key})
             if held is not None:
-                return [(int(held[0]), False)]
+                return [(int(held[0]), False, None)]
         raise StorageError(f"{self._where}: the key kept changing hands")
 
     def _claim_params(self, request: ClaimRequest) -> Params:

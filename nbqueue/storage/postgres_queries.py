@@ -503,15 +503,15 @@ INSERT = (
     "created_at, updated_at, timeout, backoff, signature, limits, gate, enqueue_token) SELECT 'pending', "
     "queue, task, payload, priority, key, max_retries, coalesce(run_at_us, c.now + delay_us), c.now, c.now, "
     "timeout, backoff, signature, limits, gate, %(token)s FROM new, c ORDER BY n "
-    f"ON CONFLICT (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL} DO NOTHING RETURNING id), "
+    f"ON CONFLICT (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL} DO NOTHING RETURNING id, created_at), "
     "woke AS (SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT 1 FROM ins)) "
-    "SELECT id FROM ins, (SELECT count(*) FROM woke) w ORDER BY id"
+    "SELECT id, created_at FROM ins, (SELECT count(*) FROM woke) w ORDER BY id"
 )
 HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = %(key)s AND {UNFINISHED_SQL}"
 
 # After a lost reply: did the write commit? Each reads back what its write leaves behind, with
 # the same parameters; a first value that is true means it did (and is the write's answer).
-INSERTED = "SELECT id FROM nbqueue_jobs WHERE enqueue_token = %(token)s ORDER BY id"
+INSERTED = "SELECT id, created_at FROM nbqueue_jobs WHERE enqueue_token = %(token)s ORDER BY id"
 CLAIMED = f"{SELECT_JOBS} WHERE status = 'running' AND claim_token = %(token)s"
 COMPLETED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'completed'"
 COMPLETED_THEN_CLAIMED = (

@@ -31,7 +31,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, StoredSchedule, cascade
+from . import ClaimRequest, Decide, Filter, Inserted, NewJob, Row, StepRecord, StoredSchedule, cascade
 from . import sqlite_queries as sql
 from .rules import PENDING_PER_TASK
 
@@ -261,19 +261,22 @@ class SQLiteStorage:
 
     # -- writing ---------------------------------------------------------------
 
-    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[tuple[int, bool]]:
+    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[Inserted]:
         now = _stamp(now)
         rows = [_insert_row(j, now) for j in jobs]
 
-        def work(conn: sqlite3.Connection) -> list[tuple[int, bool]]:
+        def work(conn: sqlite3.Connection) -> list[Inserted]:
             if len(rows) > 1 and all(j.key is None for j in jobs):
                 conn.executemany(sql.INSERT, rows)
                 last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
-                return [(i, True) for i in range(last - len(rows) + 1, last + 1)]
-            out = []
+                return [(i, True, now) for i in range(last - len(rows) + 1, last + 1)]
+            out: list[Inserted] = []
             for job, row in zip(jobs, rows, strict=True):
                 held = None if job.key is None else conn.execute(sql.HELD_KEY, {"key": job.key}).fetchone()
-                out.append((held[0], False) if held else (conn.execute(sql.INSERT, row).lastrowid or 0, True))
+                if held:
+                    out.append((held[0], False, None))
+                else:
+                    out.append((conn.execute(sql.INSERT, row).lastrowid or 0, True, now))
             return out
 
         ids = self._write(work)

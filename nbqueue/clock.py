@@ -54,11 +54,14 @@ def to_us(seconds: float) -> int:
     return round(seconds * 1_000_000)
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def from_us(us: int | None) -> datetime | None:
     """The stored form to an aware UTC datetime."""
     if us is None:
         return None
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
+    return EPOCH + timedelta(microseconds=us)
 
 
 def seconds(value: Duration | None, name: str, *, allow_none: bool = True) -> float | None:

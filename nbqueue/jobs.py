@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 from collections.abc import Coroutine, Generator, Iterable, Sequence
@@ -416,6 +417,13 @@ def attempt_text(job: Job) -> str:
     return f"attempt {number} of {allowed}"
 
 
+@functools.lru_cache(maxsize=64)
+def stored_backoff(text: str) -> Backoff | None:
+    """A job's stored backoff policy (most jobs share a few: each is read once; Backoff is frozen)."""
+    data = json.loads(text)
+    return None if data is None else Backoff.from_dict(data)
+
+
 def from_row(row: Sequence[Any]) -> Job:
     """A stored row (its values in COLUMNS order) as a Job.
 
@@ -425,7 +433,6 @@ def from_row(row: Sequence[Any]) -> Job:
             never eval, and never a raw error from deep inside a decoder.
     """
     try:
-        backoff = json.loads(row[20]) if row[20] else None
         return Job(
             id=int(row[0]),
             status=State(row[1]),
@@ -447,7 +454,7 @@ def from_row(row: Sequence[Any]) -> Job:
             worker_id=row[17],
             timeout=None if row[18] is None else float(row[18]),
             output=row[19],
-            backoff=None if backoff is None else Backoff.from_dict(backoff),
+            backoff=stored_backoff(row[20]) if row[20] else None,
             result_json=row[21],
             progress_done=row[22],
             progress_total=row[23],

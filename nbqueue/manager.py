@@ -47,12 +47,13 @@ from .jobs import (
     from_row,
     listed,
     sources,
+    stored_backoff,
 )
 from .options import JobArgs, JobOptions, check_id, gate, stored
 from .payload import call_body, check_output, error_text
 from .retry import Backoff
 from .schedule import Cron, Every
-from .storage import ClaimRequest, Filter, NewJob, Row, StepRecord, Storage, StoredSchedule
+from .storage import ClaimRequest, Completion, Filter, NewJob, Row, StepRecord, Storage, StoredSchedule
 from .tasks import Task
 from .workflows import Plan, Planned, Workflow
 
@@ -300,7 +301,7 @@ class JobManager:
             created_at=stamp,
             updated_at=stamp,
             timeout=new.timeout,
-            backoff=Backoff.from_dict(json.loads(new.backoff)),
+            backoff=stored_backoff(new.backoff),
             signature=new.signature,
             limits=json.loads(new.limits) if new.limits else {},
         ).attach(self)
@@ -391,25 +392,51 @@ class JobManager:
         job.lease_until = from_us(until)
         return job
 
-    def complete(
-        self, job: Job, result: Any, output: str | None = None, then_claim: ClaimRequest | None = None
-    ) -> Job | None:
-        """Record success under the claim; with `then_claim`, the next claim in the same commit."""
-        check_claim(job, State.COMPLETED)
-        text = payload_json.dumps(result, "result")
-        output = payload_json.text(check_output(output))
-        now = self.stamp()
-        then_claim = None if then_claim is None else mine(then_claim)
-        done, following = self.storage.complete(job.id, job.attempts, text, output, now, then_claim)
+    def complete(self, job: Job, result: Any, output: str | None = None) -> None:
+        """Record success under the claim (LeaseLost if the claim was lost)."""
+        [done], _ = self.finish_batch([(job, self.completion(job, result, output))], None, 0)
         if not done:
             raise self._lease_lost(job, "complete")
-        job.status, job.result_json, job.output, job.lease_until = State.COMPLETED, text, output, None
+
+    @property
+    def batch_claims(self) -> int:
+        """How many jobs a worker may claim in one transaction here (nbqueue.batches)."""
+        return self.storage.batch_claims
+
+    def completion(self, job: Job, result: Any, output: str | None = None) -> Completion:
+        """A claimed job's success, checked and encoded (PayloadError: the result is not JSON)."""
+        check_claim(job, State.COMPLETED)
+        text = payload_json.dumps(result, "result")
+        return Completion(job.id, job.attempts, text, payload_json.text(check_output(output)))
+
+    def finish_batch(
+        self, done: Sequence[tuple[Job, Completion]], then_claim: ClaimRequest | None, claims: int
+    ) -> tuple[list[bool], list[Job]]:
+        """Record the successes of `done` (True each, False where the claim was lost) and claim up
+        to `claims` more jobs, in one transaction where the storage allows (a worker's batch)."""
+        then_claim = None if then_claim is None else mine(then_claim)
+        limited = then_claim is not None and self._limits_matter(then_claim.where)
+        now = self.stamp()
+        flags, rows = self.storage.finish_batch(
+            [completion for _, completion in done], None if limited else then_claim, claims, now
+        )
         finished = from_us(now if now is not None else to_us(system_clock()))
         assert finished is not None
-        job.finished_at = job.updated_at = finished
-        if following is None or then_claim is None:
-            return None
-        return self._decode_claimed(following, then_claim)
+        for (job, completion), ok in zip(done, flags, strict=True):
+            if ok:
+                job.status, job.result_json, job.output = (
+                    State.COMPLETED,
+                    completion.result,
+                    completion.output,
+                )
+                job.lease_until, job.finished_at, job.updated_at = None, finished, finished
+        if then_claim is None or not claims:
+            return flags, []
+        if limited:  # claims weigh the limits one job at a time
+            taken = self.claim(then_claim)
+            return flags, [] if taken is None else [taken]
+        decoded = (self._decode_claimed(row, then_claim) for row in rows)
+        return flags, [claimed for claimed in decoded if claimed is not None]
 
     def fail(
         self, job: Job, error: str | BaseException, output: str | None = None, retry: bool = True

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import cells, notebooks, policy
 from . import tasks as registry
 from .aio import JobLoop, foreign_loop
+from .batches import Batch
 from .capture import captured, tail
 from .clock import Duration, seconds, to_us
 from .context import JobContext, running
@@ -160,6 +161,11 @@ class Worker:
         self._state = threading.Condition()
         self._busy = 0  # threads claiming or running; guarded by _state
         self._in_flight: dict[int, Flight] = {}
+        self._batches: list[Batch] = []  # each runner's claimed jobs and unwritten successes
+        # Quick jobs are claimed several at a time (nbqueue.batches) where the storage can, in
+        # thread mode, and with a lease long enough that waiting a moment never risks it.
+        quick = mode == "thread" and lease_s >= 1.0
+        self._batch_most = self.manager.batch_claims if quick else 1
         self._retired: set[threading.Thread] = set()  # runners left to a handler whose job was taken away
         self._keeper_wake = threading.Event()  # a new deadline to watch, or stop
         self._async_slots = threading.BoundedSemaphore(async_concurrency)
@@ -234,6 +240,10 @@ class Worker:
             except NbqueueError as exc:
                 released = False
                 log.warning("job %d could not be released: %s", flight.job.id, exc)
+        with self._state:
+            left = list(self._batches)  # runners retired to a handler still hold theirs
+        for batch in left:
+            self._settle(batch)
         with self._state:
             self._busy -= len(threaded)  # retired runners never count themselves out
             self._state.notify_all()
@@ -324,16 +334,28 @@ class Worker:
         self._threads.append(runner)
 
     def _run_loop(self) -> None:
-        job: Job | None = None
+        batch = Batch(self._batch_most)
+        with self._state:
+            self._batches.append(batch)
+        holding = False  # counted in `_busy`: from its claim until it holds no job and no success
         failing = 0  # claims failed in a row (database read-only, full, gone): back off
-        while True:
-            if job is None:  # `_busy` counts this thread from its claim until it holds no job
+        try:
+            while True:
+                job = batch.next_job()
+                if job is not None:
+                    self._execute(job, batch)
+                    if threading.current_thread() in self._retired:  # whoever retired us counts us out
+                        holding = False
+                        return
+                    continue
                 if self._stopping.is_set() or threading.current_thread() in self._retired:
                     return
-                with self._state:
-                    self._busy += 1
-                try:
-                    job = self.manager.claim(self._request())
+                if not holding:
+                    with self._state:
+                        self._busy += 1
+                    holding = True
+                try:  # the successes so far and the next claim, in one commit
+                    self._flush(batch, self._request())
                     if failing:
                         log.warning("claims work again after %d failure(s)", failing)
                     failing = 0
@@ -343,22 +365,78 @@ class Worker:
                         log.exception("claim failed; retrying with backoff")
                     else:
                         log.debug("claim failed again (%d): %s", failing, exc)
-                if job is None:
-                    with self._state:
-                        self._busy -= 1
-                        self._state.notify_all()
-                    if failing:
-                        self._stopping.wait(min(30.0, 0.25 * 2 ** min(failing, 7)))
-                    else:
-                        self._idle_wait()
+                if batch.waiting or batch.done:
                     continue
-            job = self._execute(job)
-            if threading.current_thread() in self._retired:  # whoever retired us counts us out
-                return
-            if job is None:
                 with self._state:
                     self._busy -= 1
                     self._state.notify_all()
+                holding = False
+                if failing:
+                    self._stopping.wait(min(30.0, 0.25 * 2 ** min(failing, 7)))
+                else:
+                    self._idle_wait()
+        finally:
+            self._settle(batch)
+            with self._state:
+                self._batches.remove(batch)
+                if holding:
+                    self._busy -= 1
+                    self._state.notify_all()
+
+    def _flush(self, batch: Batch, then_claim: ClaimRequest | None) -> None:
+        """Write the batch's successes and, with `then_claim`, claim its next jobs: one commit."""
+        with batch.lock:
+            done = batch.take_done()
+            try:
+                flags, claimed = self.manager.finish_batch(done, then_claim, batch.size if then_claim else 0)
+            except BaseException:
+                batch.done[:0] = done  # nothing was written: they go with the next try
+                raise
+            if batch.load(claimed):  # some wait their turn: the keeper watches how long
+                self._keeper_wake.set()
+        self._written(done, flags)
+
+    def _settle(self, batch: Batch) -> None:
+        """Write a batch's successes and give back its waiting jobs unrun (a slow job holds the
+        runner, or the runner has ended)."""
+        with batch.lock:
+            done = batch.take_done()
+            waiting = batch.give_back()
+            try:
+                flags = self.manager.finish_batch(done, None, 0)[0] if done else []
+            except NbqueueError:
+                log.exception("could not record the outcome of jobs %s", [job.id for job, _ in done])
+                flags = [False] * len(done)
+            for job in waiting:
+                try:
+                    self.manager.release(job)
+                except NbqueueError as exc:  # lost meanwhile; else its lease brings it back
+                    log.warning("job %d could not be given back: %s", job.id, exc)
+        self._written(done, flags, quiet=True)
+
+    def _written(self, done: list[tuple[Job, Any]], flags: list[bool], quiet: bool = False) -> None:
+        for (job, _), ok in zip(done, flags, strict=True):
+            if ok:
+                self._tally(completed=1)
+                self._hook(job, "on_complete")
+            elif not quiet:
+                log.warning(
+                    "job %d: its claim was lost (cancelled, or its lease ran out); result discarded", job.id
+                )
+
+    def _settle_overdue(self) -> list[float]:
+        """Settle the batches that held a success or a waiting job too long (a slow job runs);
+        when the others will be due."""
+        now = time.monotonic()
+        with self._state:
+            batches_now = list(self._batches)
+        due = []
+        for batch in batches_now:
+            if batch.overdue(now):
+                self._settle(batch)
+            elif (deadline := batch.deadline()) is not None:
+                due.append(deadline)
+        return due
 
     def _idle_wait(self) -> None:
         wait = IDLE_RECHECK
@@ -374,8 +452,9 @@ class Worker:
             except NbqueueError:  # the storage is away; the next claim meets it and backs off
                 self._stopping.wait(wait)
 
-    def _execute(self, job: Job) -> Job | None:
-        """Run one job and record its outcome; returns the next job if one was claimed with it."""
+    def _execute(self, job: Job, batch: Batch) -> None:
+        """Run one job and record its outcome (a success goes into the batch, to be written with
+        the next claim)."""
         manager = self.manager
 
         def report(done: float, total: float | None, message: str) -> bool:
@@ -408,7 +487,7 @@ class Worker:
                 if inspect.iscoroutine(value):  # an async handler: on to the worker's loop
                     launched = True
                     self._launch(flight, value, buffer)
-                    return None
+                    return
                 outcome = Outcome(Ending.RETURNED, value)
         except TypeError as exc:  # the call itself may not fit the function: then no retry can help
             outcome = Outcome(Ending.RAISED, (handler and unfit(handler.fn, job)) or exc)
@@ -423,11 +502,11 @@ class Worker:
         output = tail(buffer.getvalue())
         if context.cancel.is_set() or outcome.ending is Ending.CANCELLED:
             log.info("job %d stopped: cancelled, timed out or released", job.id)
-            return None
+            return
         if not owned:  # timed out or released meanwhile: the lease is gone
             log.warning("job %d finished after its claim was given up; result discarded", job.id)
-            return None
-        return self._report(job, outcome, output)
+            return
+        self._report(job, outcome, output, batch)
 
     # -- coroutine jobs ----------------------------------------------------------
 
@@ -480,24 +559,27 @@ class Worker:
             if not owned or outcome.ending is Ending.CANCELLED:
                 log.info("job %d stopped: cancelled, timed out or released", job.id)
             else:
-                self._report(job, outcome, tail(buffer.getvalue()), chain=False)
+                self._report(job, outcome, tail(buffer.getvalue()))
         finally:
             self._async_slots.release()
             with self._state:
                 self._async_busy -= 1
                 self._state.notify_all()
 
-    def _report(self, job: Job, outcome: Outcome, output: str | None, chain: bool = True) -> Job | None:
-        """Record the outcome; with `chain`, claim the next job in the same commit and return it."""
+    def _report(self, job: Job, outcome: Outcome, output: str | None, batch: Batch | None = None) -> None:
+        """Record the outcome: a success into `batch` (written with its next claim), or at once."""
         value = outcome.value
         try:
             if outcome.ending is Ending.RETURNED:
                 try:
-                    then = None if self._stopping.is_set() or not chain else self._request()
-                    following = self.manager.complete(job, value, output, then)
-                    self._tally(completed=1)
-                    self._hook(job, "on_complete")
-                    return following
+                    completion = self.manager.completion(job, value, output)
+                    if batch is not None:
+                        batch.add_done(job, completion)
+                        return
+                    self._written(
+                        [(job, completion)], self.manager.finish_batch([(job, completion)], None, 0)[0]
+                    )
+                    return
                 except PayloadError as exc:  # a result that is not JSON never will be
                     value = Unretryable(f"the result cannot be stored: {exc}")
             verdict = self.manager.fail(job, value, output, retry=outcome.retry)
@@ -509,7 +591,6 @@ class Worker:
             log.warning("%s", exc)
         except NbqueueError:
             log.exception("could not record the outcome of job %d", job.id)
-        return None
 
     # -- heartbeats, recovery, timeouts ------------------------------------------
 
@@ -532,6 +613,7 @@ class Worker:
                     last[index] = time.monotonic()
                     chore()
             due = [at + every for at, (every, _) in zip(last, chores, strict=True)]
+            due += self._settle_overdue()  # and when to look at the batches again
             if self.mode == "thread":  # a process-mode runner enforces its job's timeout itself
                 self._expire_timeouts()
                 with self._state:  # wake exactly at the next timeout, not on a coarse tick

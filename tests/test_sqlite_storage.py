@@ -67,9 +67,9 @@ def test_synchronous_full_is_applied(tmp_path: Path) -> None:
         q.enqueue({"n": 1})
         assert q.counts()["pending"] == 1
         # 2 = FULL; the pragma is per connection, so ask the queue's own one.
-        assert q.manager.storage._conn().execute("PRAGMA synchronous").fetchone()[0] == 2  # type: ignore[attr-defined]
+        assert q.manager.storage._conn()[0].execute("PRAGMA synchronous").fetchone()[0] == 2  # type: ignore[attr-defined]
     with Queue(tmp_path / "normal.db") as q:
-        assert q.manager.storage._conn().execute("PRAGMA synchronous").fetchone()[0] == 1  # type: ignore[attr-defined]
+        assert q.manager.storage._conn()[0].execute("PRAGMA synchronous").fetchone()[0] == 1  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("value", ["bogus", "FULLY", "off", ""])

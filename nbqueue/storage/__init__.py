@@ -118,11 +118,23 @@ class ClaimRequest(NamedTuple):
     pid: int | None = None  # a job whose process is gone is recovered at once
 
 
+class Completion(NamedTuple):
+    """A finished job's success, ready to write: its claim (id, attempt) and encoded result."""
+
+    job_id: int
+    attempt: int
+    result: str
+    output: str | None
+
+
 class Storage(Protocol):
     """What a backend must do. Every method is atomic and safe from many threads."""
 
     #: True when the backend has a clock of its own (a database server's `now()`).
     server_clock: bool
+    # How many jobs a worker may take per transaction (finish_batch's `claims`): a worker
+    # whose jobs are quick takes up to this many at once and writes their outcomes together.
+    batch_claims: int
 
     def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[Inserted]:
         """Write jobs in one transaction; (id, created, created_at) each, so a new job needs no
@@ -233,19 +245,11 @@ class Storage(Protocol):
         """Extend a live lease (None = by the claim's lease); the new end, or None if it was lost."""
         ...
 
-    def complete(
-        self,
-        job_id: int,
-        attempt: int,
-        result: str,
-        output: str | None,
-        now: int | None,
-        then_claim: ClaimRequest | None = None,
-    ) -> tuple[bool, Row | None]:
-        """Running -> completed under a live lease (False if it was lost).
-
-        With `then_claim`, the next job is claimed in the same transaction.
-        """
+    def finish_batch(
+        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, now: int | None
+    ) -> tuple[list[bool], list[Row]]:
+        """Complete `done` (each True, or False if its lease was lost), then claim up to `claims`
+        jobs one by one in claim order (as that many claims would), in one transaction."""
         ...
 
     def fail(

@@ -34,7 +34,18 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Decide, Filter, Inserted, NewJob, Row, StepRecord, StoredSchedule, cascade
+from . import (
+    ClaimRequest,
+    Completion,
+    Decide,
+    Filter,
+    Inserted,
+    NewJob,
+    Row,
+    StepRecord,
+    StoredSchedule,
+    cascade,
+)
 from . import postgres_queries as sql
 from .rules import PENDING_PER_TASK
 
@@ -131,6 +142,8 @@ class PostgresStorage:
     """Jobs in PostgreSQL tables (in `?schema=NAME`, default public); one connection per thread."""
 
     server_clock = True
+    # One job per transaction: a batch here would need its lost reply read back as a whole.
+    batch_claims = 1
 
     def __init__(self, url: str, *, synchronous: str = "normal") -> None:
         if synchronous not in ("normal", "full"):
@@ -536,7 +549,7 @@ class PostgresStorage:
         row = self._one(sql.HEARTBEAT, {"id": job_id, "attempt": attempt, "lease": lease_us, "now": now})
         return None if row is None else int(row[0])
 
-    def complete(
+    def _complete(
         self,
         job_id: int,
         attempt: int,
@@ -567,6 +580,24 @@ class PostgresStorage:
         if row is None or not row[0]:  # a job with children (or a lost lease): the slow way
             return self._finish_linked(sql.COMPLETE_LINKED, params, State.COMPLETED, sql.COMPLETED), None
         return True, None if row[1] is None else row[1:]
+
+    def finish_batch(
+        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, now: int | None
+    ) -> tuple[list[bool], list[Row]]:
+        if len(done) == 1 and claims == 1 and then_claim is not None:  # a worker's usual call
+            finished, row = self._complete(*done[0], now, then_claim)  # one statement
+            if finished:
+                return [True], [] if row is None else [row]
+            return [False], [row] if (row := self.claim(then_claim, now)) is not None else []
+        # Otherwise a statement each (batch_claims is 1: workers send one of each).
+        flags = [self._complete(*completion, now)[0] for completion in done]
+        taken: list[Row] = []
+        while then_claim is not None and len(taken) < claims:
+            row = self.claim(then_claim, now)
+            if row is None:
+                break
+            taken.append(row)
+        return flags, taken
 
     def _finish_linked(self, statement: str, params: Params, state: State, lost: str) -> bool:
         """Finish a job in a transaction that also resolves its children (storage/cascade.py).

@@ -31,7 +31,18 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from . import ClaimRequest, Decide, Filter, Inserted, NewJob, Row, StepRecord, StoredSchedule, cascade
+from . import (
+    ClaimRequest,
+    Completion,
+    Decide,
+    Filter,
+    Inserted,
+    NewJob,
+    Row,
+    StepRecord,
+    StoredSchedule,
+    cascade,
+)
 from . import sqlite_queries as sql
 from .rules import PENDING_PER_TASK
 
@@ -80,6 +91,7 @@ class SQLiteStorage:
     """Jobs in one SQLite file; safe from many threads and processes."""
 
     server_clock = False
+    batch_claims = 16
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "normal") -> None:
         path = os.fspath(path)
@@ -468,32 +480,24 @@ class SQLiteStorage:
         row = self._write(lambda conn: conn.execute(sql.HEARTBEAT, params).fetchone())
         return None if row is None else int(row[0])
 
-    def complete(
-        self,
-        job_id: int,
-        attempt: int,
-        result: str,
-        output: str | None,
-        now: int | None,
-        then_claim: ClaimRequest | None = None,
-    ) -> tuple[bool, Row | None]:
+    def finish_batch(
+        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, now: int | None
+    ) -> tuple[list[bool], list[Row]]:
         now = _stamp(now)
-        params = {"id": job_id, "attempt": attempt, "result": result, "output": output, "now": now}
+        linked: list[int] = []
 
-        linked: list[bool] = []
-
-        def work(conn: sqlite3.Connection) -> tuple[bool, Row | None]:
-            done = conn.execute(sql.COMPLETE, params).fetchone()
-            if done is None:
-                return False, None
-            if done[0]:  # its children learn of it in the same transaction
-                linked.append(True)
-                cascade.resolve(_runner(conn), [(job_id, State.COMPLETED, None)], now)
-            # The next claim rides in the same commit: half the fsyncs per job.
-            return True, None if then_claim is None else _claim(conn, then_claim, now)
+        def work(conn: sqlite3.Connection) -> tuple[list[bool], list[Row]]:
+            flags = _complete_all(conn, done, now, linked)
+            taken: list[Row] = []  # the next claims ride in the same commit
+            while then_claim is not None and len(taken) < claims:
+                row = _claim(conn, then_claim, now)
+                if row is None:
+                    break
+                taken.append(row)
+            return flags, taken
 
         outcome = self._write(work)
-        if linked:  # children it let go may be due now
+        if linked:  # children they let go may be due now
             self.notify()
         return outcome
 
@@ -736,6 +740,24 @@ class SQLiteStorage:
                     conn.close()
             self._all.clear()
         self._local = threading.local()
+
+
+def _complete_all(
+    conn: sqlite3.Connection, done: Sequence[Completion], now: int, linked: list[int]
+) -> list[bool]:
+    """Complete each job under its claim (False: its lease was lost); children of those that
+    have some are settled in the same transaction, and their ids put in `linked`."""
+    linked.clear()  # a retry after lock contention starts afresh
+    flags = []
+    for job_id, attempt, result, output in done:
+        params = {"id": job_id, "attempt": attempt, "result": result, "output": output, "now": now}
+        row = conn.execute(sql.COMPLETE, params).fetchone()
+        flags.append(row is not None)
+        if row is not None and row[0]:
+            linked.append(job_id)
+    if linked:
+        cascade.resolve(_runner(conn), [(j, State.COMPLETED, None) for j in linked], now)
+    return flags
 
 
 def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Row | None:

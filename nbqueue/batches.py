@@ -1,0 +1,90 @@
+"""A worker runner's batch: jobs it claimed together, and successes it has yet to write.
+
+Quick jobs are claimed several to a transaction, and their successes are written with the
+next claim: one commit for a batch of jobs instead of one per job. Each batch is sized from
+how long the last one's jobs took, to last about half of HOLD; jobs of 25 ms or more go one
+at a time, as a worker always took them (each success written with the next claim). A job
+that turns out slow never keeps the others waiting long: the keeper writes successes and
+gives back claimed-but-unstarted jobs once they have waited HOLD seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .jobs import Job
+
+HOLD = 0.05  # seconds a written-later success or a waiting claimed job may wait at most
+
+
+class Batch:
+    """One runner's claimed jobs (run in claim order) and its unwritten successes.
+
+    `lock` is held by whoever writes the batch (the runner, or the keeper settling it),
+    so each success is written once and each waiting job either runs or is given back.
+    """
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.size = 1  # jobs the next claim asks for
+        self.lock = threading.RLock()
+        self.waiting: deque[Job] = deque()
+        self.done: list[tuple[Job, Any]] = []  # each with its Completion (JobManager.completion)
+        self._since: float | None = None  # when the oldest waiting job or success began to wait
+        self._loaded = (0.0, 0)  # when the last claim came back, and with how many jobs
+
+    def next_job(self) -> Job | None:
+        """The next claimed job to run, or None when the batch is used up."""
+        with self.lock:
+            return self.waiting.popleft() if self.waiting else None
+
+    def add_done(self, job: Job, completion: Any) -> None:
+        """A success to write with the next claim (or by the keeper, if that is long coming)."""
+        with self.lock:
+            self.done.append((job, completion))
+            if self._since is None:
+                self._since = time.monotonic()
+
+    def take_done(self) -> list[tuple[Job, Any]]:
+        """The unwritten successes, for the caller (holding `lock`) to write."""
+        done, self.done = self.done, []
+        self._since = None if not self.waiting else self._since
+        return done
+
+    def load(self, jobs: list[Job]) -> bool:
+        """Claimed jobs to run next (the caller holds `lock`); True if some must wait their turn.
+
+        The size of the next claim follows how quick the jobs just run were."""
+        started, count = self._loaded
+        now = time.monotonic()
+        if count:
+            each = max(1e-6, (now - started) / count)
+            self.size = max(1, min(self.most, int(HOLD / 2 / each)))
+        self._loaded = (now, len(jobs))
+        self.waiting.extend(jobs)
+        if len(jobs) > 1 and self._since is None:
+            self._since = now
+        return len(jobs) > 1
+
+    def overdue(self, now: float) -> bool:
+        """True when a success or a waiting job has waited HOLD seconds (a slow job runs)."""
+        since = self._since
+        return since is not None and now - since >= HOLD
+
+    def deadline(self) -> float | None:
+        """When the keeper should look at this batch next (monotonic), if it holds anything."""
+        since = self._since
+        return None if since is None else since + HOLD
+
+    def give_back(self) -> list[Job]:
+        """Every waiting job, taken out to be released (the caller holds `lock`); the batch
+        starts again at one job, since a job in it was slow."""
+        waiting = list(self.waiting)
+        self.waiting.clear()
+        self._since = None if not self.done else self._since
+        self.size, self._loaded = 1, (0.0, 0)
+        return waiting

@@ -4,7 +4,8 @@ Each fragment is built from `nbqueue.jobs` when this module loads, in SQL that
 SQLite and PostgreSQL read alike, and both backends paste the same text into
 their fixed statements and partial indexes (SQLite uses a partial index only
 when a query repeats its WHERE clause verbatim). `tests/test_rules_in_sql.py`
-checks that both backends' statements carry them and behave the same.
+checks that both backends' statements carry them; the contract suite, run on both
+backends, that they behave the same.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=120
+# `make bench` runs in a venv of its own: this checkout plus the peers it is measured against
+# (huey, litequeue, procrastinate, pgqueuer), so .venv (and a plain worker install) stays small.
+BENCH_VENV  ?= .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed-bench
+BENCH_PEERS := huey litequeue procrastinate 'pgqueuer[asyncpg]'
 
 .PHONY: help install test test-fast test-ui soak lint demo lab bench clean
 
@@ -16,7 +21,7 @@ help:
 	@echo "make test-ui  JupyterLab in headless Chromium: the board and dead-letter view really work"
 	@echo "make soak     the reliability suite, long: 500 worker kills, 100,000 contended jobs (NBQUEUE_SOAK=2 doubles it)"
 	@echo "make lab      open JupyterLab on notebooks/"
-	@echo "make bench    throughput next to raw SQLite"
+	@echo "make bench    throughput next to raw SQLite and the peers (huey, litequeue, procrastinate, pgqueuer)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,8 +63,14 @@ demo: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
 
-bench: $(STAMP)
-	$(BIN)/python benchmarks/bench.py
+$(BENCH_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[notebook,postgres]' $(BENCH_PEERS)
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python benchmarks/bench.py
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) build .pytest_cache .mypy_cache .ruff_cache

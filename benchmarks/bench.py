@@ -1,9 +1,12 @@
-"""`make bench`: nbqueue next to raw sqlite3 doing the same work, in the same run.
+"""`make bench`: nbqueue next to raw sqlite3 and its peers doing the same work, in the same run.
 
 Absolute times drift on shared machines, so throughput is reported as a ratio
 to raw SQLite measured moments before on the same kind of file, each figure the
-median of several runs. Scale figures (1k vs 1M jobs) are ratios of nbqueue to
-itself. `--json FILE` keeps every sample.
+median of several runs. The peers (huey and litequeue on SQLite, procrastinate and
+pgqueuer on PostgreSQL; benchmarks/peers.py) are measured in the same rounds, right
+after nbqueue, and reported as nbqueue/peer. `make bench` installs them into
+.venv-bench; where one is not installed its row says so. Scale figures (1k vs 1M
+jobs) are ratios of nbqueue to itself. `--json FILE` keeps every sample.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,9 @@ from typing import Any
 import nbqueue
 from nbqueue.storage import NewJob
 from nbqueue.storage import sqlite_queries as queries
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW_SCHEMA = """
@@ -274,14 +281,75 @@ def drain_same_schema(folder: Path, n: int) -> tuple[float, float]:
     return nb, raw
 
 
-def median_of(runs: int, measure: Callable[[], tuple[float, float]]) -> dict[str, Any]:
-    samples = [measure() for _ in range(runs)]
-    return {
-        "nbqueue_per_s": statistics.median(s[0] for s in samples),
-        "raw_per_s": statistics.median(s[1] for s in samples),
-        "ratio": statistics.median(s[0] / s[1] for s in samples),
+# A peer measured next to a case: (label, target ratio nbqueue/peer or 0 for context, what it does,
+# the measurement: ops/s, or None when the peer is not installed).
+Peer = tuple[str, float, str, Callable[[], float | None]]
+PEER_SECONDS = [0.0]  # wall time spent measuring peers, reported at the end
+
+
+def median_of(
+    runs: int, measure: Callable[[], tuple[float, float | None]], others: Sequence[Peer] = ()
+) -> dict[str, Any]:
+    """Each round measures raw and nbqueue (`measure`), then every peer, one after another; the
+    ratios nbqueue/raw and nbqueue/peer are taken within a round, then their median."""
+    samples: list[tuple[float, float | None]] = []
+    peer_samples: dict[str, list[float | None]] = {label: [] for label, *_ in others}
+    for _ in range(runs):
+        samples.append(measure())
+        for label, _target, _versus, peer in others:
+            start = time.perf_counter()
+            peer_samples[label].append(peer())
+            PEER_SECONDS[0] += time.perf_counter() - start
+    nb = [s[0] for s in samples]
+    fig: dict[str, Any] = {
+        "nbqueue_per_s": statistics.median(nb),
+        "raw_per_s": None,
+        "ratio": None,
         "samples": samples,
+        "peers": {},
     }
+    if all(s[1] is not None for s in samples):
+        fig["raw_per_s"] = statistics.median(s[1] for s in samples if s[1] is not None)
+        fig["ratio"] = statistics.median(s[0] / s[1] for s in samples if s[1] is not None)
+    for label, target, versus, _peer in others:
+        got = peer_samples[label]
+        entry: dict[str, Any] = {"target": target, "versus": versus, "samples": got}
+        if any(p is None for p in got):
+            entry |= {"per_s": None, "ratio": None, "status": "not installed"}
+        else:
+            per_s = [p for p in got if p is not None]
+            ratio = statistics.median(a / b for a, b in zip(nb, per_s, strict=True))
+            entry |= {"per_s": statistics.median(per_s), "ratio": ratio, "status": "measured"}
+        fig["peers"][label] = entry
+    return fig
+
+
+HEADER = f"{'measure':<31} {'nbqueue/s':>10} {'versus/s':>10} {'ratio':>7} {'target':>7}  versus"
+
+
+def mark(ratio: float | None, target: float) -> str:
+    return "context" if not target else ("ok" if ratio is not None and ratio >= target else "MISSED")
+
+
+def print_case(name: str, fig: dict[str, Any], target: float, versus: str) -> None:
+    """The case's row (nbqueue next to raw, or nbqueue alone), then one row per peer, indented; the
+    ratio in a peer's row is nbqueue/peer."""
+    if fig["raw_per_s"] is None:
+        print(f"{name:<31} {fig['nbqueue_per_s']:>10,.0f} {'-':>10} {'-':>7} {'-':>7}  {versus}")
+    else:
+        print(
+            f"{name:<31} {fig['nbqueue_per_s']:>10,.0f} {fig['raw_per_s']:>10,.0f} "
+            f"{fig['ratio']:>6.2f}x {target:>6.1f}x  {versus} ({mark(fig['ratio'], target)})"
+        )
+    for label, peer in fig["peers"].items():
+        if peer["per_s"] is None:
+            print(f"  {label:<29} {'':>10} {'-':>10} {'-':>7} {peer['target']:>6.1f}x  not installed")
+            continue
+        print(
+            f"  {label:<29} {'':>10} {peer['per_s']:>10,.0f} {peer['ratio']:>6.2f}x "
+            f"{peer['target']:>6.1f}x  {peer['versus']} ({mark(peer['ratio'], peer['target'])})"
+        )
+    sys.stdout.flush()
 
 
 # -- scale: the same work on 1k and on 1M jobs ------------------------------------
@@ -446,8 +514,9 @@ def memory(folder: Path, n: int) -> list[tuple[int, float]]:
     return [(int(a), float(b)) for a, b in json.loads(done.stdout)]
 
 
-# -- PostgreSQL: drain with 1 and 4 worker processes ------------------------------------
+# -- PostgreSQL: enqueue, and drain with 1, 2 and 4 worker processes --------------------------
 
+PG_SERVER = os.environ.get("NBQUEUE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 PG_WORKER = textwrap.dedent(
     """
     import sys, time
@@ -463,19 +532,31 @@ PG_WORKER = textwrap.dedent(
 )
 
 
-def postgres_drain(folder: Path, n: int, processes: int) -> float | None:
-    try:
-        import psycopg
-    except ImportError:
-        return None
-    server = os.environ.get("NBQUEUE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+@contextmanager
+def pg_queue(server: str) -> Iterator[nbqueue.Queue]:
+    """An nbqueue queue in a fresh schema on the server, dropped afterwards."""
+    import psycopg
+
     schema = f"nbq_bench_{time.monotonic_ns()}"
-    try:
-        q = nbqueue.Queue(f"{server}?schema={schema}")
-    except nbqueue.StorageError:
-        return None
+    q = nbqueue.Queue(f"{server}?schema={schema}")
     try:
         q.task(name=NOOP)(noop)
+        yield q
+    finally:
+        q.close()
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def postgres_enqueue(server: str, n: int) -> tuple[float, None]:
+    with pg_queue(server) as q:
+        per_s = rate(n, lambda: [q.enqueue({"n": i}) for i in range(n)])
+        assert q.counts()["pending"] == n
+    return per_s, None
+
+
+def postgres_drain(folder: Path, server: str, n: int, processes: int) -> tuple[float, None]:
+    with pg_queue(server) as q:
         fill(q, n)
         script = folder / "pg_worker.py"
         script.write_text(PG_WORKER)
@@ -490,11 +571,31 @@ def postgres_drain(folder: Path, n: int, processes: int) -> float | None:
             p.wait(600)
         elapsed = time.perf_counter() - start
         assert q.counts()["completed"] == n
-        return n / elapsed
-    finally:
-        q.close()
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    return n / elapsed, None
+
+
+def pg_drain_case(
+    folder: Path, procs: int, n: int, slow_n: int
+) -> tuple[str, str, Callable[[], tuple[float, float | None]], list[Peer]]:
+    return (
+        f"drain, {procs} process{'es' if procs > 1 else ''}",
+        "workers of 2 threads",
+        lambda: postgres_drain(folder, PG_SERVER, n, procs),
+        [
+            (
+                "procrastinate",
+                1.0,
+                f"run_worker(wait=False, concurrency={peers.PROCRASTINATE_CONCURRENCY}), {slow_n:,} jobs",
+                lambda: peers.procrastinate_drain(folder, PG_SERVER, slow_n, procs),
+            ),
+            (
+                "pgqueuer",
+                1.0,
+                "QueueManager.run(mode=drain), batch 10, asyncpg",
+                lambda: peers.pgqueuer_drain(folder, PG_SERVER, n, procs),
+            ),
+        ],
+    )
 
 
 # -- the report ------------------------------------------------------------------------
@@ -507,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: check the script, not the figures")
     parser.add_argument("--json", type=Path, help="write every figure and sample here")
     args = parser.parse_args(argv)
+    began = time.monotonic()
     big = 20_000 if args.quick else 1_000_000
     n, runs = (300, 1) if args.quick else (args.n, args.runs)
     report: dict[str, Any] = {
@@ -517,66 +619,121 @@ def main(argv: list[str] | None = None) -> int:
     print(f"nbqueue bench, {report['date']}, {report['machine']}")
     with tempfile.TemporaryDirectory(prefix="nbqueue-bench-") as tmp:
         folder = Path(tmp)
-        cases: list[tuple[str, str, float, Callable[[], tuple[float, float]]]] = [
+        huey_sync = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[peers.huey_default_synchronous()]
+        report["peers"] = {"versions": peers.versions(), "huey_default_synchronous": huey_sync}
+        installed = ", ".join(f"{k} {v}" for k, v in report["peers"]["versions"].items() if v)
+        print(f"peers: {installed or 'none installed (make bench installs them into .venv-bench)'}")
+        full_n = max(100, n // 10)
+        cases: list[tuple[str, str, float, Callable[[], tuple[float, float | None]], list[Peer]]] = [
             (
                 "enqueue, synchronous normal",
                 "raw single-row commits",
                 0.7,
                 lambda: enqueue_one(folder, n, "normal"),
+                [
+                    ("litequeue", 1.0, "put(), WAL + NORMAL", lambda: peers.litequeue_enqueue(folder, n)),
+                    (
+                        "huey, NORMAL",
+                        0.0,
+                        "SqliteHuey task call, synchronous=NORMAL set on its connection",
+                        lambda: peers.huey_enqueue(folder, n, "normal"),
+                    ),
+                ],
             ),
             (
                 "enqueue, synchronous full",
                 "raw commits with fsync",
                 0.8,
-                lambda: enqueue_one(folder, max(100, n // 10), "full"),
+                lambda: enqueue_one(folder, full_n, "full"),
+                [
+                    (
+                        "huey, FULL",
+                        1.0,
+                        f"SqliteHuey(fsync=True) task call (its default here: {huey_sync})",
+                        lambda: peers.huey_enqueue(folder, full_n, "full"),
+                    )
+                ],
             ),
-            ("enqueue_many", "raw executemany", 0.5, lambda: enqueue_many(folder, n * 10)),
-            ("enqueue, same SQL", "nbqueue's own INSERT, raw", 0.0, lambda: enqueue_same_schema(folder, n)),
-            ("drain, normal, 1 thread", "raw claim-then-complete", 0.5, lambda: drain(folder, n, 1)),
-            ("drain, normal, 4 threads", "raw claim-then-complete", 0.5, lambda: drain(folder, n, 4)),
-            ("drain, same SQL", "nbqueue's own statements, raw", 0.0, lambda: drain_same_schema(folder, n)),
+            ("enqueue_many", "raw executemany", 0.5, lambda: enqueue_many(folder, n * 10), []),
+            (
+                "enqueue, same SQL",
+                "nbqueue's own INSERT, raw",
+                0.0,
+                lambda: enqueue_same_schema(folder, n),
+                [],
+            ),
+            (
+                "drain, normal, 1 thread",
+                "raw claim-then-complete",
+                0.5,
+                lambda: drain(folder, n, 1),
+                [
+                    (
+                        "huey, NORMAL",
+                        0.0,
+                        "dequeue() + execute() (deletes at dequeue), synchronous=NORMAL",
+                        lambda: peers.huey_drain(folder, n, "normal"),
+                    )
+                ],
+            ),
+            ("drain, normal, 4 threads", "raw claim-then-complete", 0.5, lambda: drain(folder, n, 4), []),
+            (
+                "drain, same SQL",
+                "nbqueue's own statements, raw",
+                0.0,
+                lambda: drain_same_schema(folder, n),
+                [],
+            ),
             (
                 "drain, full, 1 thread",
                 "raw claim-then-complete, fsync",
                 1.0,
-                lambda: drain(folder, max(100, n // 10), 1, "full"),
+                lambda: drain(folder, full_n, 1, "full"),
+                [
+                    (
+                        "huey, FULL",
+                        1.0,
+                        "dequeue() + execute() (deletes at dequeue), fsync=True",
+                        lambda: peers.huey_drain(folder, full_n, "full"),
+                    )
+                ],
             ),
             (
                 "drain, key concurrency 1000",
                 "the same drain, no limits (the limit check's cost)",
                 0.0,
                 lambda: drain_limited(folder, n, concurrency=1000),
+                [],
             ),
             (
                 "claim, 3,000 held back",
                 "the same claims, nothing held back",
                 0.0,
                 lambda: claim_behind_held(folder, 3000),
+                [],
             ),
             (
                 "drain, fan-out/fan-in 10,000",
                 "the same number of independent jobs",
                 0.0,
                 lambda: drain_graph(folder, 300 if args.quick else 10_000),
+                [],
             ),
             (
                 "drain, key rate 1000/s",
                 "the same drain, no limits (capped at 1,000/s)",
                 0.0,
                 lambda: drain_limited(folder, n, rate="1000/s"),
+                [],
             ),
         ]
-        print(f"\n{'measure':<28} {'nbqueue/s':>10} {'raw/s':>10} {'ratio':>7} {'target':>7}  versus")
+        print("\nratio: nbqueue/raw on a case's row; nbqueue/peer on the peer rows under it (same rounds)")
+        print(HEADER)
         report["throughput"] = {}
-        for name, versus, target, measure in cases:
-            fig = median_of(runs, measure) | {"target": target, "versus": versus}
+        for name, versus, target, measure, others in cases:
+            fig = median_of(runs, measure, others) | {"target": target, "versus": versus}
             report["throughput"][name] = fig
-            mark = "context" if not target else ("ok" if fig["ratio"] >= target else "MISSED")
-            print(
-                f"{name:<28} {fig['nbqueue_per_s']:>10,.0f} {fig['raw_per_s']:>10,.0f} "
-                f"{fig['ratio']:>6.2f}x {target:>6.1f}x  {versus} ({mark})",
-                flush=True,
-            )
+            print_case(name, fig, target, versus)
 
         print("\nscale (claim + complete; history(limit=100); a board refresh):")
         sizes = [1_000, 100_000, big] if not args.quick else [1_000, big]
@@ -606,16 +763,48 @@ def main(argv: list[str] | None = None) -> int:
         picks = [samples[0], samples[len(samples) // 2], samples[-1]]
         print("  " + ", ".join(f"{done:,} done: {mb:.1f}" for done, mb in picks), flush=True)
 
-        print("\nPostgreSQL drain (no-op jobs; worker processes with 2 threads each):")
         pg_n = 500 if args.quick else 5_000
+        slow_n = pg_n if args.quick else 2_000  # procrastinate drains ~4x slower: fewer jobs for time
+        enqueue_n = 100 if args.quick else 1_000
+        print(
+            f"\nPostgreSQL on {PG_SERVER.rsplit('@', 1)[-1]}: one schema per measurement; no-op jobs; "
+            f"drain {pg_n:,} jobs from the start of the processes to all done"
+            + (f" (procrastinate: {slow_n:,}, as it drains several times slower)" if slow_n != pg_n else "")
+        )
         report["postgres"] = {}
-        for procs in (1, 4):
-            per_s = postgres_drain(folder, pg_n, procs)
-            report["postgres"][f"{procs} process(es)"] = per_s
-            print(
-                f"  {procs} process(es): "
-                + ("server not reachable" if per_s is None else f"{per_s:,.0f} jobs/s")
-            )
+        if not peers.server_reachable(PG_SERVER):
+            print("  server not reachable")
+        else:
+            pg_cases: list[tuple[str, str, Callable[[], tuple[float, float | None]], list[Peer]]] = [
+                (
+                    "enqueue, one at a time",
+                    "Queue.enqueue, one commit each",
+                    lambda: postgres_enqueue(PG_SERVER, enqueue_n),
+                    [
+                        (
+                            "pgqueuer",
+                            0.0,
+                            "SyncQueries.enqueue, one job per call",
+                            lambda: peers.pgqueuer_enqueue(PG_SERVER, enqueue_n),
+                        ),
+                        (
+                            "procrastinate",
+                            0.0,
+                            "task.defer(), one job per call",
+                            lambda: peers.procrastinate_enqueue(PG_SERVER, enqueue_n),
+                        ),
+                    ],
+                )
+            ]
+            for procs in (1, 2, 4):
+                pg_cases.append(pg_drain_case(folder, procs, pg_n, slow_n))
+            print(HEADER)
+            for name, versus, measure, others in pg_cases:
+                fig = median_of(runs, measure, others) | {"versus": versus}
+                report["postgres"][name] = fig
+                print_case(name, fig, 0.0, versus)
+    took = report["seconds"] = {"total": time.monotonic() - began, "peers": PEER_SECONDS[0]}
+    print(f"\nthe bench took {took['total']:,.0f} s, {took['peers']:,.0f} s of it measuring peers")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))
     return 0

@@ -142,8 +142,7 @@ class PostgresStorage:
     """Jobs in PostgreSQL tables (in `?schema=NAME`, default public); one connection per thread."""
 
     server_clock = True
-    # One job per transaction: a batch here would need its lost reply read back as a whole.
-    batch_claims = 1
+    batch_claims = 16
 
     def __init__(self, url: str, *, synchronous: str = "normal") -> None:
         if synchronous not in ("normal", "full"):
@@ -584,20 +583,55 @@ class PostgresStorage:
     def finish_batch(
         self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, now: int | None
     ) -> tuple[list[bool], list[Row]]:
-        if len(done) == 1 and claims == 1 and then_claim is not None:  # a worker's usual call
+        if then_claim is not None and then_claim.where.matches_nothing:
+            then_claim = None
+        if len(done) == 1 and claims == 1 and then_claim is not None:  # one job at a time
             finished, row = self._complete(*done[0], now, then_claim)  # one statement
             if finished:
                 return [True], [] if row is None else [row]
             return [False], [row] if (row := self.claim(then_claim, now)) is not None else []
-        # Otherwise a statement each (batch_claims is 1: workers send one of each).
-        flags = [self._complete(*completion, now)[0] for completion in done]
-        taken: list[Row] = []
-        while then_claim is not None and len(taken) < claims:
-            row = self.claim(then_claim, now)
-            if row is None:
-                break
-            taken.append(row)
-        return flags, taken
+        if len(done) == 1 and (then_claim is None or not claims):
+            return [self._complete(*done[0], now)[0]], []
+        # A batch: its successes in one statement, then the claims, in one transaction (one
+        # commit). Every claim carries one token, so a lost reply reads back what it took.
+        each = {
+            "ids": [d.job_id for d in done],
+            "attempts": [d.attempt for d in done],
+            "results": [d.result for d in done],
+            "outputs": [_clean(d.output) for d in done],
+            "now": now,
+        }
+        claim = None if then_claim is None else {**self._claim_params(then_claim), "now": now}
+        statement = None
+        if then_claim is not None:
+            statement = sql.CLAIM_FROM_ANY_QUEUE if then_claim.where.queues is None else sql.CLAIM_FROM_QUEUES
+
+        def work(cur: psycopg.Cursor[Any]) -> tuple[list[bool], list[Row]]:
+            finished: set[int] = set()
+            if done:
+                cur.execute(sql.COMPLETE_MANY, each)
+                rows = cur.fetchall()
+                finished = {int(r[0]) for r in rows}
+                parents = [(int(r[0]), State.COMPLETED, None) for r in rows if r[1]]
+                if parents:  # their children learn of it in the same transaction
+                    cascade.resolve(_runner(cur, self.channel), parents, now)
+            taken: list[Row] = []
+            while statement is not None and len(taken) < claims:
+                cur.execute(statement, claim)  # type: ignore[arg-type]
+                row = cur.fetchone()
+                if row is None:
+                    break
+                taken.append(row)
+            return [d.job_id in finished for d in done], taken
+
+        def committed() -> tuple[list[bool], list[Row]] | None:
+            taken = [] if claim is None else self._rows(sql.CLAIMED, claim)
+            finished = {int(r[0]) for r in self._rows(sql.COMPLETED_MANY, each)} if done else set()
+            if not taken and not finished:
+                return None  # nothing of it is there: it did not commit (or changed nothing)
+            return [d.job_id in finished for d in done], taken
+
+        return self._run(work, transaction=True, committed=committed)
 
     def _finish_linked(self, statement: str, params: Params, state: State, lost: str) -> bool:
         """Finish a job in a transaction that also resolves its children (storage/cascade.py).

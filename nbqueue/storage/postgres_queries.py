@@ -484,6 +484,22 @@ COMPLETE_THEN_CLAIM_FROM_QUEUES = _complete_then_claim(NAMED_QUEUES)
 COMPLETE_THEN_CLAIM_FROM_ANY_QUEUE = _complete_then_claim(EVERY_WAITING_QUEUE)
 COMPLETE = f"WITH {CLOCK}, {DONE} SELECT count(*) FROM done"
 COMPLETE_LINKED = f"WITH {CLOCK}, {_done('')} SELECT has_children FROM done"
+# A worker's batch of successes, each under its own live claim; and, after a lost reply, which
+# of them are completed by that claim.
+_DONE_EACH = (
+    "unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[], %(outputs)s::text[]) "
+    "AS d(id, attempt, result, output)"
+)
+COMPLETE_MANY = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs AS j SET status = 'completed', result = d.result, "
+    f"output = d.output, finished_at = c.now, updated_at = c.now, lease_until = NULL FROM c, {_DONE_EACH} "
+    "WHERE j.id = d.id AND j.status = 'running' AND j.attempts = d.attempt AND j.lease_until > c.now "
+    "RETURNING j.id, j.has_children"
+)
+COMPLETED_MANY = (
+    "SELECT j.id FROM nbqueue_jobs AS j, unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt) "
+    "WHERE j.id = d.id AND j.attempts = d.attempt AND j.status = 'completed'"
+)
 NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)
 NEXT_DUE_IN_ANY_QUEUE = _next_due(EVERY_WAITING_QUEUE)
 

@@ -417,3 +417,35 @@ def test_a_worker_whose_completion_reply_is_lost_goes_on(
     assert not wrongly_lost, wrongly_lost
     stranded = {i: row["error"] for i, row in truth.rows().items() if row["attempts"] != 1}
     assert not stranded, f"jobs claimed more than once, after their lease ran out: {stranded}"
+
+
+def test_a_lost_reply_to_a_batchs_commit_runs_every_job_once(
+    through: Callable[..., Queue], proxy: Proxy, truth: Truth, records: Records
+) -> None:
+    """A worker takes quick jobs in batches (nbqueue.batches): their successes and the next
+    claims commit together. The COMMIT reaches the server, its reply is lost, three times: the
+    worker reads back what the batch took (by its claim token) and what it completed, so no
+    job is claimed twice, none is reported lost, and every job runs once.
+    (No SQLite twin: SQLite has no connection or server to lose.)"""
+    q = through()
+    calls = Calls()
+
+    @q.task(name="net.quick", max_retries=3)
+    def quick(n: int) -> int:
+        calls.add(n)
+        return n
+
+    ids = {quick.enqueue(i).id: i for i in range(120)}
+    proxy.lose_reply(b"COMMIT", times=3)
+    worker = q.worker(lease=5).start()
+    try:
+        wait_until(lambda: truth.finished(120), timeout=60, what="all 120 jobs finished")
+        assert worker.running
+    finally:
+        worker.stop(timeout=10)
+    assert proxy.lost == [b"COMMIT"] * 3, "the fault did not happen"
+    assert calls.counter == Counter(ids.values())
+    wrongly_lost = [r.getMessage() for r in records.records if "claim was lost" in r.getMessage()]
+    assert not wrongly_lost, wrongly_lost
+    twice = {i: row["error"] for i, row in truth.rows().items() if row["attempts"] != 1}
+    assert not twice, f"jobs claimed more than once: {twice}"

@@ -21,8 +21,8 @@ def test_a_single_runner_runs_quick_jobs_in_claim_order(queue: Queue) -> None:
         ran.append(i)
         return i
 
-    for i in range(QUICK):  # lower priorities first: claim order is not insertion order
-        note.schedule([i], priority=i % 3)
+    for i in range(QUICK):  # claim order is not insertion order, and spans the queues
+        note.schedule([i], priority=i % 3, queue=f"q{i % 2}")
     queue.worker(lease=30).run_until_idle(timeout=60)
     expected = sorted(range(QUICK), key=lambda i: (-(i % 3), i))
     assert ran == expected

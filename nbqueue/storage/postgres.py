@@ -110,6 +110,11 @@ def _runner(cur: psycopg.Cursor[Any], channel: str) -> cascade.Run:
     return run
 
 
+def _claim_order(row: Row) -> tuple[int, int, int]:
+    """A claimed row's place in claim order (priority first, then run_at, then id)."""
+    return (-row[5], row[11], row[0])
+
+
 def _token() -> int:
     """A client's token for one write, read back if its reply is lost."""
     return secrets.randbits(62)
@@ -601,10 +606,11 @@ class PostgresStorage:
             "outputs": [_clean(d.output) for d in done],
             "now": now,
         }
-        claim = None if then_claim is None else {**self._claim_params(then_claim), "now": now}
-        statement = None
-        if then_claim is not None:
-            statement = sql.CLAIM_FROM_ANY_QUEUE if then_claim.where.queues is None else sql.CLAIM_FROM_QUEUES
+        claim = None
+        if then_claim is not None and claims:
+            claim = {**self._claim_params(then_claim), "now": now, "claims": claims}
+            any_queue = then_claim.where.queues is None
+            statement = sql.CLAIM_MANY_FROM_ANY_QUEUE if any_queue else sql.CLAIM_MANY_FROM_QUEUES
 
         def work(cur: psycopg.Cursor[Any]) -> tuple[list[bool], list[Row]]:
             finished: set[int] = set()
@@ -616,16 +622,13 @@ class PostgresStorage:
                 if parents:  # their children learn of it in the same transaction
                     cascade.resolve(_runner(cur, self.channel), parents, now)
             taken: list[Row] = []
-            while statement is not None and len(taken) < claims:
+            if claim is not None:
                 cur.execute(statement, claim)  # type: ignore[arg-type]
-                row = cur.fetchone()
-                if row is None:
-                    break
-                taken.append(row)
+                taken = sorted(cur.fetchall(), key=_claim_order)
             return [d.job_id in finished for d in done], taken
 
         def committed() -> tuple[list[bool], list[Row]] | None:
-            taken = [] if claim is None else self._rows(sql.CLAIMED, claim)
+            taken = [] if claim is None else sorted(self._rows(sql.CLAIMED, claim), key=_claim_order)
             finished = {int(r[0]) for r in self._rows(sql.COMPLETED_MANY, each)} if done else set()
             if not taken and not finished:
                 return None  # nothing of it is there: it did not commit (or changed nothing)

@@ -215,25 +215,27 @@ EVERY_WAITING_QUEUE = (
 )
 
 
-def _pick(waiting: str, gate: str = "") -> str:
-    """CTEs that pick the best due job: each queue's head (locked, skipping locked rows), then the best."""
+def _pick(waiting: str, gate: str = "", limit: str = "1") -> str:
+    """CTEs that pick the best due jobs (`limit` of them): each queue's first ones (locked,
+    skipping locked rows), then the best of those."""
     return (
         f"{waiting}, pick AS (SELECT k.id FROM waiting CROSS JOIN LATERAL (SELECT id, priority, run_at "
         f"FROM nbqueue_jobs WHERE {CLAIMABLE_SQL} AND queue = waiting.name AND gate = '' "
-        f"AND run_at <= (SELECT now FROM c) AND {TASK_ALLOWED}{gate} ORDER BY {CLAIM_ORDER} LIMIT 1 "
+        f"AND run_at <= (SELECT now FROM c) AND {TASK_ALLOWED}{gate} ORDER BY {CLAIM_ORDER} LIMIT {limit} "
         "FOR UPDATE SKIP LOCKED) k "
-        "WHERE waiting.name IS NOT NULL ORDER BY k.priority DESC, k.run_at, k.id LIMIT 1)"
+        f"WHERE waiting.name IS NOT NULL ORDER BY k.priority DESC, k.run_at, k.id LIMIT {limit})"
     )
 
 
-def _take(chosen: str) -> str:
-    """The claim's UPDATE of the `chosen` job (a SQL expression for its id)."""
+def _take(chosen: str, match: str = "=") -> str:
+    """The claim's UPDATE of the `chosen` job (a SQL expression for its id; with `match`
+    "IN", for the ids of several)."""
     return (
         "UPDATE nbqueue_jobs SET status = 'running', attempts = attempts + 1, worker_id = %(worker)s, "
         "worker_host = %(host)s, worker_pid = %(pid)s, claim_token = %(token)s, "
         "lease_until = c.now + %(lease)s, lease_us = %(lease)s, started_at = c.now, updated_at = c.now, "
         "progress_done = NULL, progress_total = NULL, progress_message = NULL "
-        f"FROM c WHERE id = {chosen} {RETURNING_JOB}"
+        f"FROM c WHERE id {match} {chosen} {RETURNING_JOB}"
     )
 
 
@@ -386,6 +388,14 @@ def _claim(waiting: str) -> str:
     return f"WITH RECURSIVE {CLOCK}, {_pick(waiting)} {TAKE}"
 
 
+def _claim_many(waiting: str) -> str:
+    # A batch's claims in one statement: the first %(claims)s jobs in claim order (the rows come
+    # back in no order: the storage sorts them).
+    return (
+        f"WITH RECURSIVE {CLOCK}, {_pick(waiting, limit='%(claims)s')} {_take('(SELECT id FROM pick)', 'IN')}"
+    )
+
+
 def _complete_then_claim(waiting: str) -> str:
     # The completion and the next claim in one statement: one round trip, one commit per job.
     gate = " AND EXISTS (SELECT 1 FROM done)"
@@ -430,6 +440,8 @@ def _limited_waiting(waiting: str) -> str:
 
 CLAIM_FROM_QUEUES = _claim(NAMED_QUEUES)
 CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
+CLAIM_MANY_FROM_QUEUES = _claim_many(NAMED_QUEUES)
+CLAIM_MANY_FROM_ANY_QUEUE = _claim_many(EVERY_WAITING_QUEUE)
 HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
 HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
 LIMITED_WAITING_IN_QUEUES = _limited_waiting(NAMED_QUEUES)

@@ -237,9 +237,9 @@ class JobManager:
         chosen = JobOptions.given(options)
         if chosen.key is not None:
             raise InvalidArgument("enqueue_many cannot share one idempotency key among many jobs")
+        template = self._new_job(None, "", chosen, None)  # the options, checked and encoded once
         news = [
-            self._new_job(None, payload_json.dumps(p, f"payloads[{i}]"), chosen, None)
-            for i, p in enumerate(payloads)
+            template.with_payload(payload_json.dumps(p, f"payloads[{i}]")) for i, p in enumerate(payloads)
         ]
         return [job_id for job_id, _, _ in self.storage.insert(news, self.stamp())] if news else []
 

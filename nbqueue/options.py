@@ -81,11 +81,15 @@ class JobOptions:
     @classmethod
     def given(cls, options: JobArgs | dict[str, Any]) -> JobOptions:
         """Options exactly as a call gave them (None is a value here, checked like any other)."""
+        if not options:  # the common call: no options, the defaults (checked once)
+            return _DEFAULTS
         _known(options)
         return cls(**options)
 
     def but(self, options: JobArgs | dict[str, Any]) -> JobOptions:
         """These options (a task's defaults) with some replaced; None leaves a default alone."""
+        if not options:
+            return self
         _known(options)
         changes = {name: value for name, value in options.items() if value is not None}
         if "run_at" in changes and "delay" not in changes:
@@ -277,3 +281,6 @@ def gate(limits: Mapping[str, int]) -> str:
 def stored(limits: Mapping[str, int]) -> str | None:
     """A job's limits as stored (JSON), or None for an unlimited job."""
     return json.dumps(dict(sorted(limits.items())), separators=(",", ":")) if limits else None
+
+
+_DEFAULTS = JobOptions()  # frozen: every call without options shares it

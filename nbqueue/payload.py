@@ -12,18 +12,21 @@ from .errors import InvalidArgument, PayloadError
 
 MAX_BYTES = 16 * 1024 * 1024  # a queue row, not a blob store: pass big data by path or URL
 MAX_TEXT = 64 * 1024  # an error or a job's output as stored: its head and its tail
+# Made once: json.dumps with options builds an encoder on every call.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
 def dumps(value: Any, field: str) -> str:
     """Serialise `value` as JSON text, or raise PayloadError naming the offending part."""
     try:
         # ensure_ascii: every string round-trips, a lone surrogate too, and the text is valid UTF-8
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError):
         raise PayloadError(_explain(value, field)) from None
-    bad = _find_bad(value, field)  # json.dumps accepts a few things it cannot give back
-    if bad:
-        raise PayloadError(bad)
+    if not _plain(value):  # json.dumps accepts a few things it cannot give back
+        bad = _find_bad(value, field)
+        if bad:
+            raise PayloadError(bad)
     if len(text) > MAX_BYTES:
         raise PayloadError(
             f"{field} is {len(text):,} bytes of JSON, over the {MAX_BYTES:,}-byte limit; "
@@ -46,6 +49,20 @@ def text(value: str | None, limit: int = MAX_TEXT) -> str | None:
 
 def _explain(value: Any, field: str) -> str:
     return _find_bad(value, field) or f"{field} cannot be stored as JSON"
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(value: Any) -> bool:
+    """True for the common payload that dumps gives back exactly: a scalar, or a dict with
+    string keys (or a list) of scalars. (dumps has refused NaN and infinities already.)"""
+    kind = type(value)
+    if kind is dict:
+        return all(type(k) is str for k in value) and all(type(v) in _SCALARS for v in value.values())
+    if kind is list:
+        return all(type(v) in _SCALARS for v in value)
+    return kind in _SCALARS
 
 
 def _find_bad(value: Any, path: str, depth: int = 0) -> str | None:

@@ -212,8 +212,16 @@ class SQLiteStorage:
 
     def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
         def run(conn: sqlite3.Connection) -> T:
-            with self._write_lock, self._immediate(conn):
-                return work(conn)
+            with self._write_lock:  # _immediate, written out: this is every write's path
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = work(conn)
+                    conn.execute("COMMIT")
+                    return result
+                except BaseException:
+                    if conn.in_transaction:  # also after a failed COMMIT: never leave it open
+                        conn.execute("ROLLBACK")
+                    raise
 
         return self._retrying(run)
 

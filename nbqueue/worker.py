@@ -341,15 +341,15 @@ class Worker:
         failing = 0  # claims failed in a row (database read-only, full, gone): back off
         try:
             while True:
+                if threading.current_thread() in self._retired:  # whoever retired us counts us out
+                    holding = False
+                    return
+                if self._stopping.is_set():  # what the batch still holds is settled on the way out
+                    return
                 job = batch.next_job()
                 if job is not None:
                     self._execute(job, batch)
-                    if threading.current_thread() in self._retired:  # whoever retired us counts us out
-                        holding = False
-                        return
                     continue
-                if self._stopping.is_set() or threading.current_thread() in self._retired:
-                    return
                 if not holding:
                     with self._state:
                         self._busy += 1
@@ -396,10 +396,13 @@ class Worker:
                 self._keeper_wake.set()
         self._written(done, flags)
 
-    def _settle(self, batch: Batch) -> None:
+    def _settle(self, batch: Batch, overdue_at: float | None = None) -> None:
         """Write a batch's successes and give back its waiting jobs unrun (a slow job holds the
-        runner, or the runner has ended)."""
+        runner, or the runner has ended). With `overdue_at`, only if it is still overdue then
+        (its runner may have written it and claimed afresh meanwhile)."""
         with batch.lock:
+            if overdue_at is not None and not batch.overdue(overdue_at):
+                return
             done = batch.take_done()
             waiting = batch.give_back()
             try:
@@ -433,7 +436,7 @@ class Worker:
         due = []
         for batch in batches_now:
             if batch.overdue(now):
-                self._settle(batch)
+                self._settle(batch, overdue_at=now)
             elif (deadline := batch.deadline()) is not None:
                 due.append(deadline)
         return due

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from nbqueue import Queue
 
 from .helpers import wait_until
@@ -13,7 +15,9 @@ from .helpers import wait_until
 QUICK = 60
 
 
-def test_a_single_runner_runs_quick_jobs_in_claim_order(queue: Queue) -> None:
+@pytest.mark.parametrize("queues", [1, 2])
+def test_a_single_runner_runs_quick_jobs_in_claim_order(queue: Queue, queues: int) -> None:
+    """In one queue a batch's claims are one statement; with two, one claim at a time."""
     ran: list[int] = []
 
     @queue.task
@@ -22,7 +26,7 @@ def test_a_single_runner_runs_quick_jobs_in_claim_order(queue: Queue) -> None:
         return i
 
     for i in range(QUICK):  # claim order is not insertion order, and spans the queues
-        note.schedule([i], priority=i % 3, queue=f"q{i % 2}")
+        note.schedule([i], priority=i % 3, queue=f"q{i % queues}")
     queue.worker(lease=30).run_until_idle(timeout=60)
     expected = sorted(range(QUICK), key=lambda i: (-(i % 3), i))
     assert ran == expected

@@ -496,13 +496,11 @@ class SQLiteStorage:
 
         def work(conn: sqlite3.Connection) -> tuple[list[bool], list[Row]]:
             flags = _complete_all(conn, done, now, linked)
-            taken: list[Row] = []  # the next claims ride in the same commit
-            while then_claim is not None and len(taken) < claims:
-                row = _claim(conn, then_claim, now)
-                if row is None:
-                    break
-                taken.append(row)
-            return flags, taken
+            # The next claims ride in the same commit.
+            first = None if then_claim is None or not claims else _claim(conn, then_claim, now)
+            if first is None or then_claim is None:
+                return flags, []
+            return flags, [first, *_claim_more(conn, then_claim, now, first, claims - 1)]
 
         outcome = self._write(work)
         if linked:  # children they let go may be due now
@@ -778,6 +776,32 @@ def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Row | N
     params.update(host=host, pid=pid)
     row: Row | None = conn.execute(statement, params).fetchone()
     return row
+
+
+def _claim_more(
+    conn: sqlite3.Connection, request: ClaimRequest, now: int, first: Row, more: int
+) -> list[Row]:
+    """Up to `more` further claims after `first`, in claim order: in one statement when no other
+    queue the request may take from holds claimable jobs (the usual case, one queue), so that
+    order within `first`'s queue is the order overall; otherwise one claim at a time."""
+    if more <= 0:
+        return []
+    where, worker_id, lease_us, host, pid = request
+    queue = first[2]
+    alone = (
+        list(where.queues) == [queue]
+        if where.queues is not None
+        else not conn.execute(sql.OTHER_QUEUE_WAITING, {"queue": queue}).fetchone()[0]
+    )
+    if alone:
+        params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "now": now}
+        params.update(host=host, pid=pid, queue=queue, claims=more)
+        rows = conn.execute(sql.CLAIM_MORE_IN_QUEUE, params).fetchall()
+        return sorted(rows, key=lambda r: (-r[5], r[11], r[0]))  # RETURNING comes in no order
+    taken: list[Row] = []
+    while len(taken) < more and (row := _claim(conn, request, now)) is not None:
+        taken.append(row)
+    return taken
 
 
 def _runner(conn: sqlite3.Connection) -> cascade.Run:

@@ -323,6 +323,17 @@ HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
 LIMITED_WAITING_IN_QUEUES = _limited_waiting(NAMED_QUEUES)
 LIMITED_WAITING_IN_ANY_QUEUE = _limited_waiting(EVERY_WAITING_QUEUE)
 TAKE_ID = f"{TAKE} WHERE id = :id AND {CLAIMABLE_SQL} {RETURNING_JOB}"
+# A batch's further claims from one queue, when no other queue holds claimable jobs (two seeks
+# of the claim index tell): that queue's next jobs in claim order are the next ones overall.
+OTHER_QUEUE_WAITING = (
+    f"SELECT EXISTS (SELECT 1 FROM {CLAIM_INDEX} WHERE {CLAIMABLE_SQL} AND queue < :queue) "
+    f"OR EXISTS (SELECT 1 FROM {CLAIM_INDEX} WHERE {CLAIMABLE_SQL} AND queue > :queue)"
+)
+CLAIM_MORE_IN_QUEUE = (
+    f"{TAKE} WHERE id IN (SELECT id FROM {CLAIM_INDEX} WHERE {CLAIMABLE_SQL} AND queue = :queue "
+    f"AND gate = '' AND run_at <= :now AND {TASK_ALLOWED} ORDER BY {CLAIM_ORDER} LIMIT :claims) "
+    f"{RETURNING_JOB}"
+)
 
 # -- limits --------------------------------------------------------------------------------
 

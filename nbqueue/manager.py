@@ -134,6 +134,9 @@ class JobManager:
         self.backoff = backoff or Backoff()
         self.periodics: dict[str, Periodic] = {}
         self._limited: dict[Filter, tuple[float, bool]] = {}  # do limited jobs wait? (until, answer)
+        # When the limits that held the last limited claim back let a job start, by time alone
+        # (a rate's next slot, a pause's end): a waiting worker sleeps until then, no longer.
+        self._limits_open_at: int | None = None
         self._default_backoff = payload_json.dumps(self.backoff.to_dict(), "backoff")
 
     # -- time ------------------------------------------------------------------
@@ -315,6 +318,7 @@ class JobManager:
         the storage's transaction; otherwise it is one statement.
         """
         request = mine(request)
+        self._limits_open_at = None  # set again only if this claim's limits hold every job back
         for _ in range(BURY_RETRIES):
             if self._limits_matter(request.where):
                 row = self.storage.claim_limited(request, self.stamp(), self._choose)
@@ -352,12 +356,18 @@ class JobManager:
             )
             for row in states
         }
+        opening = []
         for job_id, wanted in heads:
             if not wanted:
+                self._limits_open_at = None
                 return job_id, {}
-            admission = limits.admit(json.loads(wanted), keys, now_us)
+            asked = json.loads(wanted)
+            admission = limits.admit(asked, keys, now_us)
             if admission is not None:
+                self._limits_open_at = None
                 return job_id, admission.tats
+            opening.append(limits.opens_at(asked, keys, now_us))
+        self._limits_open_at = min((at for at in opening if at is not None), default=None)
         return None
 
     def _decode_claimed(self, row: Row, request: ClaimRequest) -> Job | None:
@@ -969,6 +979,12 @@ class JobManager:
     def next_due(self, where: Filter) -> int | None:
         """The earliest run_at of a job the filter allows (None: nothing waits)."""
         return self.storage.next_due(where)
+
+    @property
+    def limits_open_at(self) -> int | None:
+        """When the limits that held the last claim back let a job start by time alone (a
+        rate's next slot, a pause's end), in the storage's microseconds; None if they did not."""
+        return self._limits_open_at
 
     def due_now(self, where: Filter) -> bool:
         """True when a job the filter allows may run now."""

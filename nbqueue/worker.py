@@ -446,7 +446,14 @@ class Worker:
         try:
             due = self.manager.next_due(self._filter())
             if due is not None:
-                wait = min(wait, max(HELD_BACK_RECHECK, (due - self.manager.now_us()) / 1e6))
+                now = self.manager.now_us()
+                opens = self.manager.limits_open_at
+                if due > now:  # a job due later: until then
+                    wait = min(wait, (due - now) / 1e6)
+                elif opens is not None:  # held back by a rate (or a pause): until its next slot
+                    wait = min(wait, max(0.0, (opens - now) / 1e6))
+                else:  # held back until a running job ends, or taken by others: a moment
+                    wait = min(wait, HELD_BACK_RECHECK)
         except NbqueueError:
             pass
         if wait > 0 and not self._stopping.is_set():

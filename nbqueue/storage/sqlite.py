@@ -754,16 +754,16 @@ def _complete_all(
     """Complete each job under its claim (False: its lease was lost); children of those that
     have some are settled in the same transaction, and their ids put in `linked`."""
     linked.clear()  # a retry after lock contention starts afresh
-    flags = []
-    for job_id, attempt, result, output in done:
-        params = {"id": job_id, "attempt": attempt, "result": result, "output": output, "now": now}
-        row = conn.execute(sql.COMPLETE, params).fetchone()
-        flags.append(row is not None)
-        if row is not None and row[0]:
-            linked.append(job_id)
+    if not done:
+        return []
+    rows = conn.execute(
+        sql.COMPLETE_MANY, {"done": json.dumps([list(d) for d in done]), "now": now}
+    ).fetchall()
+    finished = {row[0] for row in rows}
+    linked.extend(sorted(row[0] for row in rows if row[1]))
     if linked:
         cascade.resolve(_runner(conn), [(j, State.COMPLETED, None) for j in linked], now)
-    return flags
+    return [d.job_id in finished for d in done]
 
 
 def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Row | None:

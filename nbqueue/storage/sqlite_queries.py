@@ -498,9 +498,15 @@ HEARTBEAT = (
     "UPDATE nbqueue_jobs SET lease_until = :now + coalesce(:lease, lease_us), updated_at = :now "
     f"WHERE {LIVE_CLAIM} AND lease_until > :now RETURNING lease_until"
 )
-COMPLETE = (
-    "UPDATE nbqueue_jobs SET status = 'completed', result = :result, output = :output, finished_at = :now, "
-    f"updated_at = :now, lease_until = NULL WHERE {LIVE_CLAIM} AND lease_until > :now RETURNING has_children"
+# A batch of successes in one statement, each under its own live claim: :done is a JSON array
+# of [id, attempt, result, output]. It returns the ids it completed, and whether each has children.
+COMPLETE_MANY = (
+    "UPDATE nbqueue_jobs SET status = 'completed', result = d.result, output = d.output, finished_at = :now, "
+    "updated_at = :now, lease_until = NULL FROM (SELECT json_extract(value, '$[0]') AS id, "
+    "json_extract(value, '$[1]') AS attempt, json_extract(value, '$[2]') AS result, "
+    "json_extract(value, '$[3]') AS output FROM json_each(:done)) AS d WHERE nbqueue_jobs.id = d.id "
+    "AND status = 'running' AND attempts = d.attempt AND lease_until > :now "
+    "RETURNING nbqueue_jobs.id, has_children"
 )
 
 

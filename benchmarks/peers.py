@@ -18,7 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -298,10 +298,9 @@ def _pgqueuer_install(server: str, schema: str) -> None:
     asyncio.run(install())
 
 
-def pgqueuer_enqueue(server: str, n: int) -> float | None:
-    """`SyncQueries.enqueue(entrypoint, payload)` one job per call on one autocommit connection."""
-    if not installed("pgqueuer"):
-        return None
+@contextmanager
+def _pgqueuer(server: str) -> Iterator[tuple[str, Any]]:
+    """A fresh schema with pgqueuer's tables, and its SyncQueries on an autocommit connection."""
     import psycopg
     from pgqueuer.adapters.drivers.psycopg import SyncPsycopgDriver
     from pgqueuer.queries import SyncQueries
@@ -309,10 +308,17 @@ def pgqueuer_enqueue(server: str, n: int) -> float | None:
     with _schema(server, "bench_pgqueuer") as schema:
         _pgqueuer_install(server, schema)
         with psycopg.connect(server, autocommit=True, options=f"-c search_path={schema}") as conn:
-            queries = SyncQueries(SyncPsycopgDriver(conn))
-            per_s = rate(
-                n, lambda: [queries.enqueue(PGQ_ENTRYPOINT, json.dumps({"n": i}).encode()) for i in range(n)]
-            )
+            yield schema, SyncQueries(SyncPsycopgDriver(conn))
+
+
+def pgqueuer_enqueue(server: str, n: int) -> float | None:
+    """`SyncQueries.enqueue(entrypoint, payload)` one job per call on one autocommit connection."""
+    if not installed("pgqueuer"):
+        return None
+    with _pgqueuer(server) as (schema, queries):
+        per_s = rate(
+            n, lambda: [queries.enqueue(PGQ_ENTRYPOINT, json.dumps({"n": i}).encode()) for i in range(n)]
+        )
         assert _count(server, schema, "SELECT count(*) FROM pgqueuer WHERE status = 'queued'") == n
         return per_s
 
@@ -323,16 +329,9 @@ def pgqueuer_drain(folder: Path, server: str, n: int, processes: int) -> float |
     flushed every batch_size jobs and when the worker exits); done = its 'successful' log rows."""
     if not installed("pgqueuer"):
         return None
-    import psycopg
-    from pgqueuer.adapters.drivers.psycopg import SyncPsycopgDriver
-    from pgqueuer.queries import SyncQueries
-
-    with _schema(server, "bench_pgqueuer") as schema:
-        _pgqueuer_install(server, schema)
-        with psycopg.connect(server, autocommit=True, options=f"-c search_path={schema}") as conn:
-            queries = SyncQueries(SyncPsycopgDriver(conn))
-            payloads = [json.dumps({"n": i}).encode() for i in range(n)]
-            queries.enqueue([PGQ_ENTRYPOINT] * n, list(payloads), [0] * n)
+    with _pgqueuer(server) as (schema, queries):
+        payloads = [json.dumps({"n": i}).encode() for i in range(n)]
+        queries.enqueue([PGQ_ENTRYPOINT] * n, list(payloads), [0] * n)
         elapsed = _run_workers(folder, "pgqueuer_worker", PGQUEUER_WORKER, [server, schema], processes)
         done = _count(server, schema, "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'")
         left = _count(server, schema, "SELECT count(*) FROM pgqueuer")

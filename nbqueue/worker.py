@@ -365,12 +365,13 @@ class Worker:
                         log.exception("claim failed; retrying with backoff")
                     else:
                         log.debug("claim failed again (%d): %s", failing, exc)
-                if batch.waiting or batch.done:
+                if batch.waiting:
                     continue
-                with self._state:
-                    self._busy -= 1
-                    self._state.notify_all()
-                holding = False
+                if not batch.done:  # (unwritten successes keep it busy while writes fail)
+                    with self._state:
+                        self._busy -= 1
+                        self._state.notify_all()
+                    holding = False
                 if failing:
                     self._stopping.wait(min(30.0, 0.25 * 2 ** min(failing, 7)))
                 else:
@@ -582,13 +583,12 @@ class Worker:
         try:
             if outcome.ending is Ending.RETURNED:
                 try:
-                    completion = self.manager.completion(job, value, output)
                     if batch is not None:
-                        batch.add_done(job, completion)
+                        batch.add_done(job, self.manager.completion(job, value, output))
                         return
-                    self._written(
-                        [(job, completion)], self.manager.finish_batch([(job, completion)], None, 0)[0]
-                    )
+                    self.manager.complete(job, value, output)  # a coroutine's: at once
+                    self._tally(completed=1)
+                    self._hook(job, "on_complete")
                     return
                 except PayloadError as exc:  # a result that is not JSON never will be
                     value = Unretryable(f"the result cannot be stored: {exc}")

@@ -64,6 +64,8 @@ class Batch:
         if count:
             each = max(1e-6, (now - started) / count)
             self.size = max(1, min(self.most, int(HOLD / 2 / each)))
+        if not jobs:  # idle: whatever comes next is taken one at a time until it proves quick
+            self.size = 1
         self._loaded = (now, len(jobs))
         self.waiting.extend(jobs)
         if len(jobs) > 1 and self._since is None:

@@ -146,6 +146,7 @@ API_CASES: list[tuple[str, Call, str, type[Exception]]] = [
     ("run_at and delay", lambda q, s: q.enqueue(1, delay=1, run_at=datetime.now(UTC)), "not both", A),
     ("run_at year 9999", lambda q, s: q.enqueue(1, run_at=datetime.max.replace(tzinfo=UTC)), "run_at", A),
     ("timeout -1", lambda q, s: q.enqueue(1, timeout=-1), "timeout", A),
+    ("timeout 0", lambda q, s: q.enqueue(1, timeout=0), "timeout", A),
     ("timeout nan", lambda q, s: q.enqueue(1, timeout=math.nan), "timeout", A),
     ("lease 0", lambda q, s: q.claim(lease=0), "lease", A),
     ("lease -1", lambda q, s: q.claim(lease=-1), "lease", A),
@@ -259,6 +260,7 @@ TASK_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("max_retries -1", {"max_retries": -1}, "max_retries"),
     ("priority str", {"priority": "high"}, "priority"),
     ("timeout -1", {"timeout": -1}, "timeout"),
+    ("timeout 0", {"timeout": 0}, "timeout"),
     ("timeout nan", {"timeout": math.nan}, "timeout"),
     ("backoff dict", {"backoff": {"base": 2}}, "backoff"),
 ]

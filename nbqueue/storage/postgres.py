@@ -110,6 +110,17 @@ def _runner(cur: psycopg.Cursor[Any], channel: str) -> cascade.Run:
     return run
 
 
+def _each(done: Sequence[Completion], now: int | None) -> Params:
+    """A batch of successes as the arrays the statements unnest."""
+    return {
+        "ids": [d.job_id for d in done],
+        "attempts": [d.attempt for d in done],
+        "results": [d.result for d in done],
+        "outputs": [_clean(d.output) for d in done],
+        "now": now,
+    }
+
+
 def _claim_order(row: Row) -> tuple[int, int, int]:
     """A claimed row's place in claim order (priority first, then run_at, then id)."""
     return (-row[5], row[11], row[0])
@@ -553,86 +564,73 @@ class PostgresStorage:
         row = self._one(sql.HEARTBEAT, {"id": job_id, "attempt": attempt, "lease": lease_us, "now": now})
         return None if row is None else int(row[0])
 
-    def _complete(
-        self,
-        job_id: int,
-        attempt: int,
-        result: str,
-        output: str | None,
-        now: int | None,
-        then_claim: ClaimRequest | None = None,
-    ) -> tuple[bool, Row | None]:
+    def _complete(self, done: Completion, now: int | None) -> bool:
+        """One success: one statement, or a transaction if the job has children."""
         params: Params = {
-            "id": job_id,
-            "attempt": attempt,
-            "result": result,
-            "output": _clean(output),
+            "id": done.job_id,
+            "attempt": done.attempt,
+            "result": done.result,
+            "output": _clean(done.output),
             "now": now,
         }
-        if then_claim is None or then_claim.where.matches_nothing:
-            row = self._one(sql.COMPLETE, params, lost=sql.COMPLETED)
-            if row and row[0]:
-                return True, None
-            return self._finish_linked(sql.COMPLETE_LINKED, params, State.COMPLETED, sql.COMPLETED), None
-        if then_claim.where.queues is None:
-            statement = sql.COMPLETE_THEN_CLAIM_FROM_ANY_QUEUE
-        else:
-            statement = sql.COMPLETE_THEN_CLAIM_FROM_QUEUES
-        row = self._one(
-            statement, {**params, **self._claim_params(then_claim)}, lost=sql.COMPLETED_THEN_CLAIMED
-        )
-        if row is None or not row[0]:  # a job with children (or a lost lease): the slow way
-            return self._finish_linked(sql.COMPLETE_LINKED, params, State.COMPLETED, sql.COMPLETED), None
-        return True, None if row[1] is None else row[1:]
+        row = self._one(sql.COMPLETE, params, lost=sql.COMPLETED)
+        if row and row[0]:
+            return True
+        return self._finish_linked(sql.COMPLETE_LINKED, params, State.COMPLETED, sql.COMPLETED)
 
     def finish_batch(
         self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, now: int | None
     ) -> tuple[list[bool], list[Row]]:
         if then_claim is not None and then_claim.where.matches_nothing:
             then_claim = None
-        if len(done) == 1 and claims == 1 and then_claim is not None:  # one job at a time
-            finished, row = self._complete(*done[0], now, then_claim)  # one statement
-            if finished:
-                return [True], [] if row is None else [row]
-            return [False], [row] if (row := self.claim(then_claim, now)) is not None else []
-        if len(done) == 1 and (then_claim is None or not claims):
-            return [self._complete(*done[0], now)[0]], []
-        # A batch: its successes in one statement, then the claims, in one transaction (one
-        # commit). Every claim carries one token, so a lost reply reads back what it took.
-        each = {
-            "ids": [d.job_id for d in done],
-            "attempts": [d.attempt for d in done],
-            "results": [d.result for d in done],
-            "outputs": [_clean(d.output) for d in done],
-            "now": now,
-        }
-        claim = None
-        if then_claim is not None and claims:
-            claim = {**self._claim_params(then_claim), "now": now, "claims": claims}
-            any_queue = then_claim.where.queues is None
-            statement = sql.CLAIM_MANY_FROM_ANY_QUEUE if any_queue else sql.CLAIM_MANY_FROM_QUEUES
+        if then_claim is None or not claims:
+            if len(done) == 1:  # q.complete: one statement
+                return [self._complete(done[0], now)], []
+            return self._complete_many(done, _each(done, now)), []
+        each = _each(done, now)
+        # A batch in one statement: the successes of jobs without children and the next
+        # claims, all under one token, so a lost reply reads back what it took and completed.
+        params = {**each, **self._claim_params(then_claim), "claims": claims}
+        any_queue = then_claim.where.queues is None
+        statement = (
+            sql.COMPLETE_MANY_THEN_CLAIM_FROM_ANY_QUEUE
+            if any_queue
+            else sql.COMPLETE_MANY_THEN_CLAIM_FROM_QUEUES
+        )
 
-        def work(cur: psycopg.Cursor[Any]) -> tuple[list[bool], list[Row]]:
-            finished: set[int] = set()
-            if done:
-                cur.execute(sql.COMPLETE_MANY, each)
-                rows = cur.fetchall()
-                finished = {int(r[0]) for r in rows}
-                parents = [(int(r[0]), State.COMPLETED, None) for r in rows if r[1]]
-                if parents:  # their children learn of it in the same transaction
-                    cascade.resolve(_runner(cur, self.channel), parents, now)
-            taken: list[Row] = []
-            if claim is not None:
-                cur.execute(statement, claim)  # type: ignore[arg-type]
-                taken = sorted(cur.fetchall(), key=_claim_order)
-            return [d.job_id in finished for d in done], taken
+        def work(cur: psycopg.Cursor[Any]) -> tuple[set[int], list[Row]]:
+            cur.execute(statement, params)  # type: ignore[arg-type]
+            rows = cur.fetchall()
+            taken = [row[1:] for row in rows if row[1] is not None]
+            return {int(i) for i in rows[0][0]}, sorted(taken, key=_claim_order)
 
-        def committed() -> tuple[list[bool], list[Row]] | None:
-            taken = [] if claim is None else sorted(self._rows(sql.CLAIMED, claim), key=_claim_order)
+        def committed() -> tuple[set[int], list[Row]] | None:
+            taken = sorted(self._rows(sql.CLAIMED, params), key=_claim_order)
             finished = {int(r[0]) for r in self._rows(sql.COMPLETED_MANY, each)} if done else set()
-            if not taken and not finished:
-                return None  # nothing of it is there: it did not commit (or changed nothing)
-            return [d.job_id in finished for d in done], taken
+            return (finished, taken) if taken or finished else None  # neither: it did not commit
+
+        completed, taken = self._run(work, committed=committed)
+        rest = [d for d in done if d.job_id not in completed]  # parents (or lost claims)
+        flags = dict(zip([d.job_id for d in rest], self._complete_many(rest, _each(rest, now)), strict=True))
+        return [d.job_id in completed or flags.get(d.job_id, False) for d in done], taken
+
+    def _complete_many(self, done: Sequence[Completion], each: Params) -> list[bool]:
+        """Successes in one transaction that also settles the children of those that have some."""
+        if not done:
+            return []
+
+        def work(cur: psycopg.Cursor[Any]) -> list[bool]:
+            cur.execute(sql.COMPLETE_MANY, each)
+            rows = cur.fetchall()
+            parents = [(int(r[0]), State.COMPLETED, None) for r in rows if r[1]]
+            if parents:  # their children learn of it in the same transaction
+                cascade.resolve(_runner(cur, self.channel), parents, each["now"])
+            finished = {int(r[0]) for r in rows}
+            return [d.job_id in finished for d in done]
+
+        def committed() -> list[bool] | None:
+            finished = {int(r[0]) for r in self._rows(sql.COMPLETED_MANY, each)}
+            return [d.job_id in finished for d in done] if finished else None
 
         return self._run(work, transaction=True, committed=committed)
 

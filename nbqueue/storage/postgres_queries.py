@@ -388,20 +388,24 @@ def _claim(waiting: str) -> str:
     return f"WITH RECURSIVE {CLOCK}, {_pick(waiting)} {TAKE}"
 
 
-def _claim_many(waiting: str) -> str:
-    # A batch's claims in one statement: the first %(claims)s jobs in claim order (the rows come
-    # back in no order: the storage sorts them).
-    return (
-        f"WITH RECURSIVE {CLOCK}, {_pick(waiting, limit='%(claims)s')} {_take('(SELECT id FROM pick)', 'IN')}"
-    )
+_DONE_EACH = (
+    "unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[], %(outputs)s::text[]) "
+    "AS d(id, attempt, result, output)"
+)
 
 
-def _complete_then_claim(waiting: str) -> str:
-    # The completion and the next claim in one statement: one round trip, one commit per job.
-    gate = " AND EXISTS (SELECT 1 FROM done)"
+def _complete_many_then_claim(waiting: str) -> str:
+    # A worker's batch in one statement (one round trip, one commit): its successes that have
+    # no children (those settle their children in a transaction of their own), then its next
+    # %(claims)s claims. Each row: the ids completed, then a claimed job (or NULLs).
     return (
-        f"WITH RECURSIVE {CLOCK}, {DONE}, {_pick(waiting, gate)}, next AS ({TAKE}) "
-        "SELECT (SELECT count(*) FROM done), next.* FROM (SELECT 1) one LEFT JOIN next ON TRUE"
+        f"WITH RECURSIVE {CLOCK}, done AS (UPDATE nbqueue_jobs AS j SET status = 'completed', "
+        "result = d.result, output = d.output, finished_at = c.now, updated_at = c.now, lease_until = NULL "
+        f"FROM c, {_DONE_EACH} WHERE j.id = d.id AND j.status = 'running' AND j.attempts = d.attempt "
+        f"AND j.lease_until > c.now AND j.has_children = 0 RETURNING j.id), "
+        f"{_pick(waiting, limit='%(claims)s')}, next AS ({_take('(SELECT id FROM pick)', 'IN')}) "
+        "SELECT (SELECT coalesce(array_agg(id), '{}') FROM done), next.* FROM (SELECT 1) one "
+        "LEFT JOIN next ON TRUE"
     )
 
 
@@ -440,8 +444,8 @@ def _limited_waiting(waiting: str) -> str:
 
 CLAIM_FROM_QUEUES = _claim(NAMED_QUEUES)
 CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
-CLAIM_MANY_FROM_QUEUES = _claim_many(NAMED_QUEUES)
-CLAIM_MANY_FROM_ANY_QUEUE = _claim_many(EVERY_WAITING_QUEUE)
+COMPLETE_MANY_THEN_CLAIM_FROM_QUEUES = _complete_many_then_claim(NAMED_QUEUES)
+COMPLETE_MANY_THEN_CLAIM_FROM_ANY_QUEUE = _complete_many_then_claim(EVERY_WAITING_QUEUE)
 HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
 HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
 LIMITED_WAITING_IN_QUEUES = _limited_waiting(NAMED_QUEUES)
@@ -492,16 +496,10 @@ WAITING_PER_KEY = (
     "SELECT held.key, count(*) FROM nbqueue_jobs, jsonb_each_text(limits::jsonb) AS held "
     f"WHERE {NO_LIMITS_NO_SCAN} AND {CLAIMABLE_SQL} AND gate > '' GROUP BY held.key"
 )
-COMPLETE_THEN_CLAIM_FROM_QUEUES = _complete_then_claim(NAMED_QUEUES)
-COMPLETE_THEN_CLAIM_FROM_ANY_QUEUE = _complete_then_claim(EVERY_WAITING_QUEUE)
 COMPLETE = f"WITH {CLOCK}, {DONE} SELECT count(*) FROM done"
 COMPLETE_LINKED = f"WITH {CLOCK}, {_done('')} SELECT has_children FROM done"
 # A worker's batch of successes, each under its own live claim; and, after a lost reply, which
 # of them are completed by that claim.
-_DONE_EACH = (
-    "unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[], %(outputs)s::text[]) "
-    "AS d(id, attempt, result, output)"
-)
 COMPLETE_MANY = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs AS j SET status = 'completed', result = d.result, "
     f"output = d.output, finished_at = c.now, updated_at = c.now, lease_until = NULL FROM c, {_DONE_EACH} "
@@ -542,9 +540,6 @@ HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = %(key)s AND {UNFINISHED_SQL
 INSERTED = "SELECT id, created_at FROM nbqueue_jobs WHERE enqueue_token = %(token)s ORDER BY id"
 CLAIMED = f"{SELECT_JOBS} WHERE status = 'running' AND claim_token = %(token)s"
 COMPLETED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'completed'"
-COMPLETED_THEN_CLAIMED = (
-    f"SELECT ({COMPLETED}), next.* FROM (SELECT 1) one LEFT JOIN ({CLAIMED}) next ON TRUE"
-)
 FAILED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = %(status)s"
 RELEASED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'pending'"
 CANCELLED = "SELECT id FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled'"

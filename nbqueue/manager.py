@@ -24,7 +24,7 @@ from . import dependencies, limits, policy, signing, waiting, workflows
 from . import payload as payload_json
 from . import schedule as schedules
 from . import tasks as registry
-from .clock import Clock, from_us, system_clock, to_us, utc_seconds
+from .clock import EPOCH, Clock, from_us, system_clock, to_us, utc_seconds
 from .context import StepBook
 from .context import current as current_job
 from .errors import (
@@ -477,6 +477,15 @@ class JobManager:
         """Give a claimed job back unrun (pending, no retry counted); False if it was lost already."""
         check_claim(job, State.PENDING)
         return self.storage.release(job.id, job.attempts, self.stamp())
+
+    def unclaim(self, job: Job) -> bool:
+        """Undo the claim of a job that never started (a worker's batch gives it back): pending,
+        with its attempt count as before; False if the claim was lost already."""
+        check_claim(job, State.PENDING)
+        if job.started_at is None:
+            return False
+        started = (job.started_at - EPOCH) // timedelta(microseconds=1)  # exactly as stored
+        return self.storage.unclaim(job.id, job.attempts, started, self.stamp())
 
     def recover(self) -> list[tuple[Job, Verdict]]:
         """Fail every job whose lease expired (a crashed worker): retried or dead by its rules."""

@@ -411,9 +411,9 @@ class Worker:
             except NbqueueError:
                 log.exception("could not record the outcome of jobs %s", [job.id for job, _ in done])
                 flags = [False] * len(done)
-            for job in waiting:
+            for job in waiting:  # never started: the claim is undone, no attempt counted
                 try:
-                    self.manager.release(job)
+                    self.manager.unclaim(job)
                 except NbqueueError as exc:  # lost meanwhile; else its lease brings it back
                     log.warning("job %d could not be given back: %s", job.id, exc)
         self._written(done, flags, quiet=True)

@@ -61,10 +61,13 @@ def test_a_slow_job_in_a_batch_holds_neither_results_nor_claims(queue: Queue) ->
         assert queue.get(held.id).status == "running"
         assert {queue.get(j.id).status for j in before} == {"completed"}
         assert {queue.get(j.id).status for j in after} <= {"pending"}
-        assert all(queue.get(j.id).retries == 0 for j in after)  # given back, no retry counted
+        # Given back as if never claimed: no retry, no attempt, no attempt record.
+        assert {(queue.get(j.id).retries, queue.get(j.id).attempts) for j in after} == {(0, 0)}
+        assert all(queue.attempts(j.id).empty for j in after)
         # A second worker takes the jobs given back while the first is busy.
         queue.worker(lease=30).run_until_idle(timeout=30)
         assert {queue.get(j.id).status for j in after} == {"completed"}
+        assert {queue.get(j.id).attempts for j in before + after} == {1}  # each ran once
     finally:
         gate.set()
         worker.stop(timeout=10)

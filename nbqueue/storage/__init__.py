@@ -281,6 +281,12 @@ class Storage(Protocol):
         """Running -> pending without counting a retry (graceful shutdown)."""
         ...
 
+    def unclaim(self, job_id: int, attempt: int, started_at: int, now: int | None) -> bool:
+        """Undo a claim whose job never started (a worker's batch gives it back): pending, its
+        attempt count and attempt record as before the claim. Only that very claim (its
+        `started_at`) is undone, so a repeat after a lost reply never touches a later claim."""
+        ...
+
     def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
         """A claimed job whose signature does not verify -> pending, its signature removed (so it
         is never claimed as signed again), with `error` saying why it does not run."""

@@ -688,6 +688,22 @@ class PostgresStorage:
             self.notify()
         return released
 
+    def unclaim(self, job_id: int, attempt: int, started_at: int, now: int | None) -> bool:
+        params: Params = {"id": job_id, "attempt": attempt, "started": started_at, "now": now}
+        params |= {"channel": self.channel, "wake": True}
+
+        def work(cur: psycopg.Cursor[Any]) -> bool:  # safe to repeat: it undoes only this claim
+            cur.execute(sql.UNCLAIM, params)
+            if cur.fetchone() is None:
+                return False
+            cur.execute(sql.FORGET_ATTEMPT, params)
+            return True
+
+        undone = self._run(work, transaction=True)
+        if undone:
+            self.notify()
+        return undone
+
     def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
         params = {"id": job_id, "attempt": attempt, "error": _clean(error), "now": now}
         return self._one(sql.REFUSE, params) is not None

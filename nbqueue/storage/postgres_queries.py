@@ -578,6 +578,13 @@ RELEASE = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, "
     f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} RETURNING {_WAKE}"
 )
+# A claim undone (its job never started): the attempt it counted, and the record of it, go.
+UNCLAIM = (
+    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', attempts = attempts - 1, "
+    "lease_until = NULL, worker_id = NULL, worker_host = NULL, worker_pid = NULL, started_at = NULL, "
+    f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} AND started_at = %(started)s RETURNING {_WAKE}"
+)
+FORGET_ATTEMPT = "DELETE FROM nbqueue_attempts WHERE job_id = %(id)s AND attempt = %(attempt)s"
 REFUSE = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', signature = NULL, error = %(error)s, "
     f"lease_until = NULL, worker_id = NULL, updated_at = c.now FROM c WHERE {LIVE_CLAIM} RETURNING 1"

@@ -569,6 +569,20 @@ class SQLiteStorage:
             self.notify()
         return changed
 
+    def unclaim(self, job_id: int, attempt: int, started_at: int, now: int | None) -> bool:
+        params = {"id": job_id, "attempt": attempt, "started": started_at, "now": _stamp(now)}
+
+        def work(conn: sqlite3.Connection) -> bool:
+            if conn.execute(sql.UNCLAIM, params).rowcount != 1:
+                return False
+            conn.execute(sql.FORGET_ATTEMPT, params)
+            return True
+
+        undone = self._write(work)
+        if undone:
+            self.notify()
+        return undone
+
     def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
         changed = self._change(
             sql.REFUSE, {"id": job_id, "attempt": attempt, "error": error, "now": _stamp(now)}

@@ -388,6 +388,13 @@ INSERT = (
 HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = :key AND {UNFINISHED_SQL}"
 
 LIVE_CLAIM = "id = :id AND status = 'running' AND attempts = :attempt"
+# A claim undone (its job never started): the attempt it counted, and the record of it, go.
+UNCLAIM = (
+    "UPDATE nbqueue_jobs SET status = 'pending', attempts = attempts - 1, lease_until = NULL, "
+    "worker_id = NULL, worker_host = NULL, worker_pid = NULL, started_at = NULL, updated_at = :now "
+    f"WHERE {LIVE_CLAIM} AND started_at = :started"
+)
+FORGET_ATTEMPT = "DELETE FROM nbqueue_attempts WHERE job_id = :id AND attempt = :attempt"
 
 # -- dependencies and steps (storage/cascade.py runs these by name) ------------------------
 

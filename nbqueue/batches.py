@@ -5,7 +5,7 @@ next claim: one commit for a batch of jobs instead of one per job. Each batch is
 how long the last one's jobs took, to last about half of HOLD; jobs of 25 ms or more go one
 at a time, as a worker always took them (each success written with the next claim). A job
 that turns out slow never keeps the others waiting long: the keeper writes successes and
-gives back claimed-but-unstarted jobs once they have waited HOLD seconds.
+undoes the claims of unstarted jobs (no attempt counted) once they have waited HOLD seconds.
 """
 
 from __future__ import annotations

@@ -26,6 +26,12 @@ Row = tuple[Any, ...]
 Inserted = tuple[int, bool, int | None]  # id, created, created_at (microseconds)
 
 
+def claim_order(row: Row) -> tuple[int, int, int]:
+    """A claimed row's place in claim order: priority first, then run_at, then id (its
+    columns in jobs.COLUMNS order). Both backends sort a batch's claims by it."""
+    return (-row[5], row[11], row[0])
+
+
 @dataclass(slots=True)
 class NewJob:
     """A validated job ready to be written: payload and backoff already JSON text."""

@@ -45,6 +45,7 @@ from . import (
     StepRecord,
     StoredSchedule,
     cascade,
+    claim_order,
 )
 from . import postgres_queries as sql
 from .rules import PENDING_PER_TASK
@@ -119,11 +120,6 @@ def _each(done: Sequence[Completion], now: int | None) -> Params:
         "outputs": [_clean(d.output) for d in done],
         "now": now,
     }
-
-
-def _claim_order(row: Row) -> tuple[int, int, int]:
-    """A claimed row's place in claim order (priority first, then run_at, then id)."""
-    return (-row[5], row[11], row[0])
 
 
 def _token() -> int:
@@ -602,10 +598,10 @@ class PostgresStorage:
             cur.execute(statement, params)  # type: ignore[arg-type]
             rows = cur.fetchall()
             taken = [row[1:] for row in rows if row[1] is not None]
-            return {int(i) for i in rows[0][0]}, sorted(taken, key=_claim_order)
+            return {int(i) for i in rows[0][0]}, sorted(taken, key=claim_order)
 
         def committed() -> tuple[set[int], list[Row]] | None:
-            taken = sorted(self._rows(sql.CLAIMED, params), key=_claim_order)
+            taken = sorted(self._rows(sql.CLAIMED, params), key=claim_order)
             finished = {int(r[0]) for r in self._rows(sql.COMPLETED_MANY, each)} if done else set()
             return (finished, taken) if taken or finished else None  # neither: it did not commit
 

@@ -14,8 +14,8 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,6 +42,7 @@ from . import (
     StepRecord,
     StoredSchedule,
     cascade,
+    claim_order,
 )
 from . import sqlite_queries as sql
 from .rules import PENDING_PER_TASK
@@ -160,8 +161,7 @@ class SQLiteStorage:
             try:
                 conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # before anything is written
                 conn.execute("PRAGMA journal_mode = WAL")
-                with self._immediate(conn):
-                    self._apply_migrations(conn)
+                _immediate(conn, self._apply_migrations)
             finally:
                 conn.close()
             try:
@@ -217,30 +217,10 @@ class SQLiteStorage:
                     continue
                 raise _translate(exc, self.path) from exc
 
-    @contextmanager
-    def _immediate(self, conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-        """A write transaction that takes the write lock up front, so it never deadlocks."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:  # also after a failed COMMIT: never leave it open
-                conn.execute("ROLLBACK")
-            raise
-
     def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
         def run(conn: sqlite3.Connection) -> T:
-            with self._write_lock:  # _immediate, written out: this is every write's path
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    result = work(conn)
-                    conn.execute("COMMIT")
-                    return result
-                except BaseException:
-                    if conn.in_transaction:  # also after a failed COMMIT: never leave it open
-                        conn.execute("ROLLBACK")
-                    raise
+            with self._write_lock:
+                return _immediate(conn, work)
 
         return self._retrying(run)
 
@@ -783,6 +763,20 @@ class SQLiteStorage:
         self._local = threading.local()
 
 
+def _immediate(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
+    """`work` in a write transaction that takes the write lock up front, so it never deadlocks.
+    (A plain function, not a context manager: this is every write's path.)"""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = work(conn)
+        conn.execute("COMMIT")
+        return result
+    except BaseException:
+        if conn.in_transaction:  # also after a failed COMMIT: never leave it open
+            conn.execute("ROLLBACK")
+        raise
+
+
 def _complete_all(
     conn: sqlite3.Connection, done: Sequence[Completion], now: int, linked: list[int]
 ) -> list[bool]:
@@ -832,7 +826,7 @@ def _claim_more(
         params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "now": now}
         params.update(host=host, pid=pid, queue=queue, claims=more)
         rows = conn.execute(sql.CLAIM_MORE_IN_QUEUE, params).fetchall()
-        return sorted(rows, key=lambda r: (-r[5], r[11], r[0]))  # RETURNING comes in no order
+        return sorted(rows, key=claim_order)  # RETURNING comes in no order
     taken: list[Row] = []
     while len(taken) < more and (row := _claim(conn, request, now)) is not None:
         taken.append(row)

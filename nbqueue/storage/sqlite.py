@@ -1,4 +1,5 @@
-"""SQLite storage: one file in WAL mode, one connection per thread, BEGIN IMMEDIATE writes.
+"""SQLite storage: one file in WAL mode; a connection per thread for reading and one for all
+writes, in BEGIN IMMEDIATE transactions.
 
 The statements are in `sqlite_queries`; this module runs them: connections,
 transactions, waiting out lock contention, migrations, and turning sqlite3's
@@ -119,9 +120,10 @@ class SQLiteStorage:
             raise InvalidArgument(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
         self.path = str(Path(path).expanduser().resolve())
         self.synchronous = synchronous
-        self._local = threading.local()
-        # Every thread's connection with the lock it holds while using it: close() takes each
-        # lock first, since closing a connection mid-statement in another thread crashes.
+        self._local = threading.local()  # each thread's connection for reading
+        self._writer: tuple[sqlite3.Connection, threading.RLock] | None = None  # see _write_conn
+        # Every connection with the lock held while it is in use: close() takes each lock
+        # first, since closing a connection mid-statement in another thread crashes.
         self._all: list[tuple[sqlite3.Connection, threading.RLock]] = []
         self._all_lock = threading.Lock()
         self._closed = False
@@ -179,33 +181,53 @@ class SQLiteStorage:
                     os.unlink(leftover)
 
     def _conn(self) -> tuple[sqlite3.Connection, threading.RLock]:
-        """This thread's connection and the lock held while it is in use."""
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            if self._closed:
-                raise StorageError(f"{self.path}: the queue is closed")
-            try:
-                conn = sqlite3.connect(
-                    self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
-                )
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
-            except (sqlite3.Error, UnicodeDecodeError) as exc:  # (a damaged schema's message)
-                if conn is not None:
-                    conn.close()
-                raise _translate(exc, self.path) from exc
-            self._local.conn, self._local.busy = conn, threading.RLock()
-            with self._all_lock:
-                self._all.append((conn, self._local.busy))
-        return conn, self._local.busy
+        """This thread's connection for reading, and the lock held while it is in use."""
+        mine: tuple[sqlite3.Connection, threading.RLock] | None = getattr(self._local, "conn", None)
+        if mine is None:
+            mine = self._local.conn = self._connect()
+        return mine
 
-    def _retrying(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `work`, waiting out lock contention so 'database is locked' never escapes."""
+    def _write_conn(self) -> tuple[sqlite3.Connection, threading.RLock]:
+        """The one connection all of this storage's writes use, whatever the thread. Writes go
+        one at a time anyway (the write lock); on one connection they keep one warm page cache,
+        where a connection per thread re-reads its pages after every other thread's commit."""
+        writer = self._writer
+        if writer is None:
+            made = self._connect()
+            with self._all_lock:  # two threads may race to make it: one is kept (both are closed)
+                if self._writer is None:
+                    self._writer = made
+                writer = self._writer
+        return writer
+
+    def _connect(self) -> tuple[sqlite3.Connection, threading.RLock]:
+        """A new connection and its in-use lock, registered for close()."""
+        if self._closed:
+            raise StorageError(f"{self.path}: the queue is closed")
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+            )
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+        except (sqlite3.Error, UnicodeDecodeError) as exc:  # (a damaged schema's message)
+            if conn is not None:
+                conn.close()
+            raise _translate(exc, self.path) from exc
+        made = (conn, threading.RLock())
+        with self._all_lock:
+            self._all.append(made)
+        return made
+
+    def _retrying(self, work: Callable[[sqlite3.Connection], T], writing: bool = False) -> T:
+        """Run `work` (on the write connection if `writing`), waiting out lock contention so
+        'database is locked' never escapes."""
         deadline = time.monotonic() + LOCKED_RETRY_SECONDS
         pause = 0.001
         while True:
             try:
-                conn, busy = self._conn()
+                conn, busy = self._write_conn() if writing else self._conn()
                 with busy:
                     return work(conn)
             except UnicodeDecodeError as exc:  # SQLite's message about a damaged file, undecodable
@@ -222,7 +244,7 @@ class SQLiteStorage:
             with self._write_lock:
                 return _immediate(conn, work)
 
-        return self._retrying(run)
+        return self._retrying(run, writing=True)
 
     def _change(self, statement: str, params: dict[str, Any]) -> int:
         """One write statement; the number of rows it changed."""
@@ -760,6 +782,7 @@ class SQLiteStorage:
                 with busy, suppress(sqlite3.Error):  # waits for a statement running in its thread
                     conn.close()
             self._all.clear()
+            self._writer = None
         self._local = threading.local()
 
 

@@ -583,8 +583,8 @@ def test_a_lock_held_elsewhere_is_waited_out_and_nothing_is_written_twice(
 
 
 def limit_pages(q: Queue, spare: int) -> None:
-    """Let this thread's connection grow the file by only `spare` more pages (a full disk)."""
-    conn, _ = q.manager.storage._conn()  # type: ignore[attr-defined]
+    """Let the queue's writing connection grow the file by only `spare` more pages (a full disk)."""
+    conn, _ = q.manager.storage._write_conn()  # type: ignore[attr-defined]
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
     assert conn.execute(f"PRAGMA max_page_count = {pages + spare}").fetchone()[0] == pages + spare
 
@@ -616,7 +616,7 @@ def test_disk_full_refuses_cleanly_and_keeps_every_earlier_job(tmp_path: Path) -
         assert rows_by_status(path) == counts
 
         # Space again: the queue goes on, ids continue, nothing was lost.
-        q.manager.storage._conn()[0].execute("PRAGMA max_page_count = 1073741823")  # type: ignore[attr-defined]
+        q.manager.storage._write_conn()[0].execute("PRAGMA max_page_count = 1073741823")  # type: ignore[attr-defined]
         more = q.enqueue_many([{"batch": n} for n in range(50)])
         assert min(more) > max(written)
         assert q.counts()["pending"] == len(written) + 51

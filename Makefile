@@ -12,7 +12,7 @@ BENCH_VENV  ?= .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
 BENCH_PEERS := huey litequeue procrastinate 'pgqueuer[asyncpg]'
 
-.PHONY: help install test test-fast test-ui soak lint demo lab bench clean
+.PHONY: help install test test-fast test-ui soak lint demo lab bench bounds clean
 
 help:
 	@echo "make demo     run a short real scenario, then execute the quickstart notebook into build/"
@@ -71,6 +71,9 @@ $(BENCH_STAMP): pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/bench.py
+
+bounds: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python benchmarks/bounds.py
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build .pytest_cache .mypy_cache .ruff_cache

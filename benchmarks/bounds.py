@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nbqueue.storage import NewJob
 
@@ -36,7 +37,7 @@ LAYER_CALLS = 1_000
 ROUNDS = 7
 BULK_ROWS = 100_000
 SCHEMA_CUTS = {
-    "as it is": [],
+    "nbqueue's, as it is": [],
     "without the counts trigger": ["DROP TRIGGER nbqueue_count_insert"],
     "without the (status, id) index": ["DROP INDEX nbqueue_status"],
     "without both": ["DROP TRIGGER nbqueue_count_insert", "DROP INDEX nbqueue_status"],
@@ -96,62 +97,56 @@ def enqueue_layers(folder: Path) -> dict[str, float]:
         nbq.close()
 
 
+Variant = tuple[Callable[[], sqlite3.Connection], str, Callable[[int, int], tuple[Any, ...]]]
+
+
 def schema_costs(folder: Path) -> dict[str, tuple[float, float]]:
-    """Per schema variant: (us per single-row commit, rows/s in one executemany)."""
+    """Per table: (us per single-row commit, rows/s in one executemany)."""
 
-    def scratch(cuts: list[str]) -> sqlite3.Connection:
-        conn = bench.schema_db(folder)
-        for statement in cuts:
-            conn.execute(statement)
-        return conn
+    def schema(cuts: list[str]) -> Variant:
+        def connect() -> sqlite3.Connection:
+            conn = bench.schema_db(folder)  # a scratch file: the cuts are only for measuring
+            for statement in cuts:
+                conn.execute(statement)
+            return conn
 
-    def rows(n: int) -> list[tuple[str, int, int, int]]:
-        stamp = bench.now_us()
-        return [(json.dumps({"n": i}), stamp, stamp, stamp) for i in range(n)]
+        return connect, bench.SCHEMA_INSERT, lambda i, stamp: (json.dumps({"n": i}), stamp, stamp, stamp)
 
-    def single(cuts: list[str]) -> Callable[[], float]:
+    raw: Variant = (
+        lambda: bench.raw_db(folder),
+        bench.RAW_INSERT,
+        lambda i, stamp: (json.dumps({"n": i}), stamp),
+    )
+    variants = {"the raw table (4 KiB pages)": raw} | {name: schema(c) for name, c in SCHEMA_CUTS.items()}
+
+    def single(variant: Variant) -> Callable[[], float]:
         def measure() -> float:
-            conn, values = scratch(cuts), rows(LAYER_CALLS)
+            connect, statement, row = variant
+            conn, values = connect(), [row(i, bench.now_us()) for i in range(LAYER_CALLS)]
             start = time.perf_counter()
-            for row in values:
-                conn.execute(bench.SCHEMA_INSERT, row)
+            for value in values:
+                conn.execute(statement, value)
             conn.close()
             return (time.perf_counter() - start) / LAYER_CALLS * 1e6
 
         return measure
 
-    def bulk(cuts: list[str]) -> Callable[[], float]:
+    def bulk(variant: Variant) -> Callable[[], float]:
         def measure() -> float:
-            conn, values = scratch(cuts), rows(BULK_ROWS)
+            connect, statement, row = variant
+            conn, values = connect(), [row(i, bench.now_us()) for i in range(BULK_ROWS)]
             start = time.perf_counter()
             conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(bench.SCHEMA_INSERT, values)
+            conn.executemany(statement, values)
             conn.execute("COMMIT")
             conn.close()
             return BULK_ROWS / (time.perf_counter() - start)
 
         return measure
 
-    def raw_single() -> float:
-        conn, start = bench.raw_db(folder), time.perf_counter()
-        for i in range(LAYER_CALLS):
-            conn.execute(bench.RAW_INSERT, (json.dumps({"n": i}), bench.now_us()))
-        conn.close()
-        return (time.perf_counter() - start) / LAYER_CALLS * 1e6
-
-    def raw_bulk() -> float:
-        conn = bench.raw_db(folder)
-        values = [(json.dumps({"n": i}), bench.now_us()) for i in range(BULK_ROWS)]
-        start = time.perf_counter()
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(bench.RAW_INSERT, values)
-        conn.execute("COMMIT")
-        conn.close()
-        return BULK_ROWS / (time.perf_counter() - start)
-
-    singles = interleaved({"raw table": raw_single} | {k: single(v) for k, v in SCHEMA_CUTS.items()})
-    bulks = interleaved({"raw table": raw_bulk} | {k: bulk(v) for k, v in SCHEMA_CUTS.items()}, rounds=3)
-    return {name: (singles[name], bulks[name]) for name in singles}
+    singles = interleaved({name: single(v) for name, v in variants.items()})
+    bulks = interleaved({name: bulk(v) for name, v in variants.items()}, rounds=3)
+    return {name: (singles[name], bulks[name]) for name in variants}
 
 
 def cpu_busy() -> float:

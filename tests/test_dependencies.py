@@ -305,9 +305,9 @@ def test_a_worker_runs_a_graph_in_order(queue: Queue, rule: str) -> None:
     first = note.enqueue("first")
     second = note.schedule(args=("second",), after=[first], when=rule)
     third = note.schedule(args=("third",), after=[first, second], when=rule)
-    with queue.worker(concurrency=3):
-        wait_until(lambda: queue.get(third.id).finished, 20, "the last job finished")
-    wait_until(lambda: queue.get(second.id).finished, 20, "the second job finished")
+    with queue.worker(concurrency=3):  # under any_succeeded `third` may finish before `second`:
+        wait_until(lambda: queue.get(third.id).finished, 20, "the last job finished")  # both
+        wait_until(lambda: queue.get(second.id).finished, 20, "the second job finished")  # while it runs
     assert order[0] == "first" and sorted(order) == ["first", "second", "third"]
     if rule != "any_succeeded":  # any_succeeded lets `third` start as soon as `first` completed
         assert order == ["first", "second", "third"]

@@ -392,6 +392,12 @@ _DONE_EACH = (
     "unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[], %(outputs)s::text[]) "
     "AS d(id, attempt, result, output)"
 )
+# A batch of successes, each under its own live claim (needs `c`, the CLOCK).
+_COMPLETE_EACH = (
+    "UPDATE nbqueue_jobs AS j SET status = 'completed', result = d.result, output = d.output, "
+    f"finished_at = c.now, updated_at = c.now, lease_until = NULL FROM c, {_DONE_EACH} "
+    "WHERE j.id = d.id AND j.status = 'running' AND j.attempts = d.attempt AND j.lease_until > c.now"
+)
 
 
 def _complete_many_then_claim(waiting: str) -> str:
@@ -399,10 +405,7 @@ def _complete_many_then_claim(waiting: str) -> str:
     # no children (those settle their children in a transaction of their own), then its next
     # %(claims)s claims. Each row: the ids completed, then a claimed job (or NULLs).
     return (
-        f"WITH RECURSIVE {CLOCK}, done AS (UPDATE nbqueue_jobs AS j SET status = 'completed', "
-        "result = d.result, output = d.output, finished_at = c.now, updated_at = c.now, lease_until = NULL "
-        f"FROM c, {_DONE_EACH} WHERE j.id = d.id AND j.status = 'running' AND j.attempts = d.attempt "
-        f"AND j.lease_until > c.now AND j.has_children = 0 RETURNING j.id), "
+        f"WITH RECURSIVE {CLOCK}, done AS ({_COMPLETE_EACH} AND j.has_children = 0 RETURNING j.id), "
         f"{_pick(waiting, limit='%(claims)s')}, next AS ({_take('(SELECT id FROM pick)', 'IN')}) "
         "SELECT (SELECT coalesce(array_agg(id), '{}') FROM done), next.* FROM (SELECT 1) one "
         "LEFT JOIN next ON TRUE"
@@ -500,12 +503,7 @@ COMPLETE = f"WITH {CLOCK}, {DONE} SELECT count(*) FROM done"
 COMPLETE_LINKED = f"WITH {CLOCK}, {_done('')} SELECT has_children FROM done"
 # A worker's batch of successes, each under its own live claim; and, after a lost reply, which
 # of them are completed by that claim.
-COMPLETE_MANY = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs AS j SET status = 'completed', result = d.result, "
-    f"output = d.output, finished_at = c.now, updated_at = c.now, lease_until = NULL FROM c, {_DONE_EACH} "
-    "WHERE j.id = d.id AND j.status = 'running' AND j.attempts = d.attempt AND j.lease_until > c.now "
-    "RETURNING j.id, j.has_children"
-)
+COMPLETE_MANY = f"WITH {CLOCK} {_COMPLETE_EACH} RETURNING j.id, j.has_children"
 COMPLETED_MANY = (
     "SELECT j.id FROM nbqueue_jobs AS j, unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt) "
     "WHERE j.id = d.id AND j.attempts = d.attempt AND j.status = 'completed'"

@@ -373,3 +373,36 @@ def test_a_database_created_by_the_cli_is_owner_only(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert mode(path) == 0o600
+
+
+def test_a_planted_world_writable_queue_file_is_made_owner_only_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "jobs.db"
+    with Queue(path) as q:
+        q.enqueue({"n": 1})
+    planted = [path, Path(f"{path}-wal")]
+    planted[1].touch()  # a -wal file planted beside it, as open to anyone
+    for file in planted:
+        file.chmod(0o666)
+    with caplog.at_level("WARNING", logger="nbqueue.storage"), Queue(path) as q:
+        assert q.counts()["pending"] == 1
+        assert [mode(file) for file in planted] == [0o600, 0o600]
+    said = [r.getMessage() for r in caplog.records if r.name == "nbqueue.storage"]
+    assert said == [f"{file} was writable by anyone (mode 666): made owner-only (0600)" for file in planted]
+    path.chmod(0o660)  # shared with the group on purpose: left as it is, nothing said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nbqueue.storage"), Queue(path) as q:
+        assert q.counts()["pending"] == 1
+    assert mode(path) == 0o660 and not caplog.records
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting a file of another user takes root")
+def test_a_world_writable_queue_file_of_another_user_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    Queue(path).close()
+    os.chown(path, 65534, 65534)  # nobody's: they may loosen it again at any time
+    path.chmod(0o666)
+    with pytest.raises(nbqueue.StorageError, match="writable by anyone and owned by another user"):
+        Queue(path)
+    assert mode(path) == 0o666

@@ -406,3 +406,26 @@ def test_a_world_writable_queue_file_of_another_user_is_refused(tmp_path: Path) 
     with pytest.raises(nbqueue.StorageError, match="writable by anyone and owned by another user"):
         Queue(path)
     assert mode(path) == 0o666
+
+
+@pytest.mark.slow
+def test_executed_notebooks_and_their_folder_are_owner_only_whatever_the_umask(tmp_path: Path) -> None:
+    from tests.test_notebook_jobs import write_notebook
+
+    notebook = write_notebook(tmp_path / "report.ipynb", "secret = 'token'")
+    fresh = tmp_path / "fresh"
+    old = os.umask(0o022)  # the usual umask: files 0644, folders 0755 unless made otherwise
+    try:
+        with Queue(tmp_path / "queue.db") as q:
+            new = q.enqueue_notebook(notebook, outputs=("ipynb", "html"), output_dir=fresh)
+            again = q.enqueue_notebook(notebook)
+            earlier = tmp_path / "nbqueue-notebooks" / f"report-{again.id}.ipynb"
+            earlier.parent.mkdir()  # an earlier run's notebook, as open as the umask made it
+            earlier.write_text("{}")
+            with q.worker(allow_code=True):
+                made, rewritten = new.result(timeout=120), again.result(timeout=120)
+    finally:
+        os.umask(old)
+    assert Path(rewritten["notebook"]) == earlier and "token" in earlier.read_text()
+    assert mode(fresh) == 0o700
+    assert [mode(Path(p)) for p in (made["notebook"], made["html"], earlier)] == [0o600] * 3

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import ipywidgets as widgets
 
@@ -409,10 +410,12 @@ def notebook_line(job: Job) -> str:
     path = notebooks.executed_path(job)
     if path is None:
         return ""
-    relative = os.path.relpath(path)
+    # The row says where: only a file here is linked, by a percent-encoded relative path, so
+    # no "javascript:" or "http:" a row may hold reaches the href as a scheme.
+    relative = os.path.relpath(path) if os.path.isfile(path) else os.pardir
     shown = html.escape(os.path.basename(path))
     link = (
-        f"<a href='{html.escape(relative)}' target='_blank' title='{html.escape(path)}'>{shown}</a>"
+        f"<a href='{html.escape(quote(relative))}' target='_blank' title='{html.escape(path)}'>{shown}</a>"
         if not relative.startswith("..")
         else f"<code>{html.escape(path)}</code>"
     )

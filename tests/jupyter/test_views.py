@@ -727,3 +727,36 @@ def test_the_board_marks_a_running_job_whose_worker_process_is_gone(
     board = board_of()
     assert [j.id for j in board.running] == [job.id]
     assert "nbqueue-silent" in board.table.value
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "javascript:alert(document.domain)",
+        "http://evil.example/report.ipynb",
+        "//evil.example/report.ipynb",
+        "data:text/html,<script>alert(1)</script>",
+    ],
+)
+def test_the_detail_pane_links_only_to_a_local_file(
+    queue: Queue, board_of: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: str
+) -> None:
+    """A notebook job's row says where its executed notebook is: a URL of any scheme is shown
+    as text, never linked; a file here is linked by its relative path, percent-encoded."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    local = tmp_path / "out" / "daily #1?.ipynb"
+    local.write_text("{}")
+    notebook = write_notebook(tmp_path / "daily.ipynb", "1")
+    shown = {}
+    for where in (said, str(local)):
+        job = queue.enqueue_notebook(notebook, priority=next(_rising))
+        claimed = queue.claim()
+        assert claimed is not None and claimed.id == job.id
+        queue.complete(claimed, {"values": {}, "notebook": where})
+        board = board_of()
+        board.select(job.id)
+        shown[where] = board.detail.value
+    assert "<a " not in shown[said] and "href" not in shown[said]
+    assert "<code>" in shown[said]
+    assert "href='out/daily%20%231%3F.ipynb'" in shown[str(local)]

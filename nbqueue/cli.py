@@ -411,8 +411,9 @@ def _jobs(queue: Queue, args: argparse.Namespace) -> int:
     for j, attempt in zip(jobs, attempts, strict=True):
         error = (j.error or "").strip().splitlines()[-1:] or [""]
         print(
-            f"{j.id:>6}  {j.status.value:<15}  {plain(j.queue)[:10]:<10}  {plain(shown_task(j.task))[:24]:<24}  "
-            f"{attempt:<{wide}}  {j.run_at:%Y-%m-%d %H:%M:%S}  {plain(error[0])[:60]}"
+            f"{j.id:>6}  {j.status.value:<15}  {plain(j.queue)[:10]:<10}  "
+            f"{plain(shown_task(j.task))[:24]:<24}  {attempt:<{wide}}  "
+            f"{j.run_at:%Y-%m-%d %H:%M:%S}  {plain(error[0])[:60]}"
         )
     return 0
 

@@ -523,7 +523,8 @@ def test_human_output_escapes_control_characters_from_job_data(
         failed = task.schedule((3,), queue=f"q{HOSTILE}", max_retries=0)
         claimed = q.claim(queues=[f"q{HOSTILE}"], worker_id=f"w{HOSTILE}")
         assert claimed is not None and claimed.id == failed.id
-        q.fail(claimed, f"Traceback (most recent call last):\nRuntimeError: {HOSTILE}", output=f"out{HOSTILE}\nline 2")
+        error = f"Traceback (most recent call last):\nRuntimeError: {HOSTILE}"
+        q.fail(claimed, error, output=f"out{HOSTILE}\nline 2")
         task.schedule((4,), queue=f"q{HOSTILE}")  # pending: `stats` names its task
     commands = [
         ["stats"],

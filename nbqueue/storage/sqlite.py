@@ -126,7 +126,8 @@ def _owner_only(path: str) -> None:
                 "not opened as a queue; its owner can make it 0600, or use another path"
             )
         os.chmod(name, 0o600)
-        log.warning("%s was writable by anyone (mode %o): made owner-only (0600)", name, found.st_mode & 0o777)
+        loose = found.st_mode & 0o777
+        log.warning("%s was writable by anyone (mode %o): made owner-only (0600)", name, loose)
 
 
 class SQLiteStorage:

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +23,7 @@ import ipywidgets as widgets
 
 from .. import notebooks
 from ..dag import COLOURS, short, svg
-from ..errors import NbqueueError
+from ..errors import DamagedJob, NbqueueError
 from ..frames import last_line
 from ..jobs import FINISHED, Job, State, attempt_text, shown_task
 from ..queue import Queue
@@ -263,6 +264,13 @@ def limits_line(frame: Any) -> str:
     """LIMITS  openai 4/8 in flight · 500/m, next start in 0.2 s · paused by 429 until 14:32:10 UTC."""
     parts = []
     for row in frame.itertuples(index=False):
+        if isinstance(row.damaged, str):  # written by hand: says so, the other keys still shown
+            parts.append(
+                f"<span class='nbqueue-limit nbqueue-damaged' data-key='{html.escape(str(row.key))}' "
+                f"style='color:#dc3545'><b>{html.escape(str(row.key))}</b> damaged: "
+                f"{html.escape(row.damaged)}</span>"
+            )
+            continue
         bits = [f"<b>{html.escape(str(row.key))}</b>"]
         limit = "" if row.concurrency is None or str(row.concurrency) == "<NA>" else f"/{row.concurrency}"
         held = f"{row.in_flight}{limit}"
@@ -283,6 +291,19 @@ def limits_line(frame: Any) -> str:
     if not parts:
         return ""
     return "<div class='nbqueue-limits'><b>LIMITS</b>&nbsp; " + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+
+
+def _or_damage(title: str, line: Callable[[], str]) -> str:
+    """One line of the board, or what stopped it (a row written by hand, say): the line says
+    so and the rest of the board still shows."""
+    try:
+        return line()
+    except Exception as exc:  # whatever a damaged row raises, it must not stop every refresh
+        said = html.escape(f"{type(exc).__name__}: {exc}"[:300])
+        return (
+            f"<div class='nbqueue-damaged' style='color:#dc3545'><b>{title}</b>&nbsp; "
+            f"cannot be read: {said}</div>"
+        )
 
 
 SCHEDULES_SHOWN = 5  # the soonest schedules the board names; q.schedules() has them all
@@ -670,8 +691,10 @@ class JobBoard(_LiveView):
             self.counts_html.value = "".join(_pill(s, counts[s.value]) for s in State)
             self.outcome.value = outcome_bar(counts)
             self._draw_chart()
-            self.limits_html.value = limits_line(self.queue.limits())
-            self.schedules_html.value = schedules_line(self.queue.manager.schedule_rows())
+            self.limits_html.value = _or_damage("LIMITS", lambda: limits_line(self.queue.limits()))
+            self.schedules_html.value = _or_damage(
+                "SCHEDULES", lambda: schedules_line(self.queue.manager.schedule_rows())
+            )
             more = counts["running"] - len(running)
             notes = waiting_notes(self.queue, rows)
             self.table.value = jobs_table(
@@ -737,6 +760,8 @@ class JobBoard(_LiveView):
         self._detail_key = key
         try:
             job = self.queue.get(job_id) if job_id else None
+        except DamagedJob:
+            job = listed  # what can be read of it, its damage in its error
         except NbqueueError:
             job = None
         self.cancel_button.disabled = job is None or job.finished
@@ -1014,6 +1039,8 @@ class DeadLetterView(_LiveView):
         self._detail_key = key
         try:
             job = None if listed is None else self.queue.get(listed.id)
+        except DamagedJob:
+            job = listed  # what can be read of it, its damage in its error
         except NbqueueError:
             job = None
         if job is None:

@@ -18,6 +18,7 @@ from typing import Any
 from .cells import CELL_TASK
 from .clock import MAX_SECONDS
 from .errors import NbqueueError
+from .frames import stored_value
 from .jobs import NOTEBOOK_TASK, State, attempt_text, shown_task
 from .notebooks import parameter
 from .queue import Queue
@@ -506,7 +507,7 @@ def _steps(queue: Queue, args: argparse.Namespace) -> int:
             "step": name,
             "status": "completed" if error is None else "failed",
             "attempt": attempt,
-            "value": None if value is None else json.loads(value),
+            "value": stored_value(value),
             "error": error,
         }
         for name, value, error, attempt, _started, _finished in queue.manager.steps(args.id)

@@ -183,6 +183,17 @@ def graph_frame(graph: Sequence[tuple[Job, list[int]]]) -> pd.DataFrame:
     return result
 
 
+def stored_value(text: str | None) -> Any:
+    """A stored JSON value, decoded; one written by hand that is not JSON stays the text stored
+    (one damaged row never hides the others)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+
+
 def steps_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
     """One row per recorded step (name, value, error, attempt, started_at, finished_at as stored):
     step, status, attempt, started, finished, value (decoded JSON), error."""
@@ -196,7 +207,7 @@ def steps_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
             "attempt": pandas.array([r[3] for r in rows], dtype="int64"),
             "started": pandas.to_datetime([_time(r[4]) for r in rows], utc=True),
             "finished": pandas.to_datetime([_time(r[5]) for r in rows], utc=True),
-            "value": [None if r[1] is None else json.loads(r[1]) for r in rows],
+            "value": [stored_value(r[1]) for r in rows],
             "error": pandas.array([r[2] for r in rows], dtype="string"),
         }
     )

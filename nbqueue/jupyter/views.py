@@ -36,6 +36,7 @@ log = logging.getLogger("nbqueue.views")
 ALL = "all"
 FAMILY_SHOWN = 20  # parents or children the detail pane names
 GRAPH_DRAWN = 300  # jobs of a job's graph the detail pane draws (q.graph has them all)
+STEP_PREVIEW = 120  # characters of a step's value the detail pane reads and shows
 DETAIL_LIMIT = 20_000  # characters of a payload, result, error or output the detail pane shows
 
 
@@ -398,25 +399,38 @@ def family(queue: Queue, job: Job) -> str:
 
 
 def steps_table(queue: Queue, job: Job) -> str:
-    """A job's durable steps: name, status, attempt, value (clipped), error's last line."""
-    frame = queue.steps(job)
-    if frame.empty:
-        return ""
+    """A job's durable steps: name, status, attempt, value (a preview: the pane reads no more of
+    it, however big; q.steps(job) has it whole), error's last line."""
     rows = []
-    for r in frame.itertuples(index=False):
-        value = json.dumps(r.value, ensure_ascii=False)[:120] if r.status == "completed" else ""
-        error = (last_line(r.error) if isinstance(r.error, str) else None) or ""
-        cells = (str(r.step), str(r.status), str(r.attempt), value, error[:120])
+    for name, value, error, attempt, _started, _finished in queue.manager.step_previews(
+        job.id,
+        STEP_PREVIEW + 1,  # one more: a value that long was cut
+    ):
+        shown = "" if error is not None or value is None else _step_value(str(value))
+        error_line = (last_line(error) if isinstance(error, str) else None) or ""
+        cells = (str(name), "completed" if error is None else "failed", str(attempt), shown, error_line[:120])
         rows.append(
-            f"<tr data-step='{html.escape(str(r.step))}'>"
+            f"<tr data-step='{html.escape(str(name))}'>"
             + "".join(f"<td style='text-align:left;padding:1px 8px'>{html.escape(c)}</td>" for c in cells)
             + "</tr>"
         )
+    if not rows:
+        return ""
     head = "".join(
         f"<th style='text-align:left;padding:1px 8px'>{h}</th>"
         for h in ("step", "status", "attempt", "value", "error")
     )
     return f"<div><b>steps</b><table class='nbqueue-steps'><tr>{head}</tr>{''.join(rows)}</table></div>"
+
+
+def _step_value(preview: str) -> str:
+    """A step's value as the pane shows it: a small one whole, a big one its start."""
+    if len(preview) > STEP_PREVIEW:
+        return f"{preview[:STEP_PREVIEW]}... (q.steps(job) has it whole)"
+    try:  # whole: shown as JSON without \u escapes
+        return json.dumps(json.loads(preview), ensure_ascii=False)[:STEP_PREVIEW]
+    except ValueError:
+        return preview
 
 
 def graph_html(queue: Queue, of: Workflow | Planned | Job | int, title: str = "") -> str:
@@ -579,6 +593,7 @@ class JobBoard(_LiveView):
         self._chart_thread: threading.Thread | None = None
         self._updating = False
         self._detail_key: tuple[int, object, tuple[int, ...]] | None = None
+        self._steps: tuple[object, str] = (None, "")  # a finished job's steps table, read once
         self.counts: dict[str, int] = {}
         self.rows: list[Job] = []
         self.running: list[Job] = []
@@ -769,7 +784,12 @@ class JobBoard(_LiveView):
         if job is None:
             self.detail.value = job_detail(None)
             return
-        extra = family(self.queue, job) + steps_table(self.queue, job)
+        # A finished job's steps change only with its row (a replay or requeue moves it): read
+        # once, not at each change of the counts; an unfinished job's are read each time.
+        mark = (job.id, job.updated_at)
+        if not job.finished or self._steps[0] != mark:
+            self._steps = (mark, steps_table(self.queue, job))
+        extra = family(self.queue, job) + self._steps[1]
         self.detail.value = job_detail(job, extra, attempts_table(self.queue.attempts(job)))
 
     def _act(self, action: str) -> None:

@@ -415,6 +415,9 @@ class PostgresStorage:
     def steps(self, job_id: int) -> list[Row]:
         return self._rows(sql.STEPS, {"id": job_id})
 
+    def step_previews(self, job_id: int, chars: int) -> list[Row]:
+        return self._rows(sql.STEP_PREVIEWS, {"id": job_id, "chars": chars})
+
     def forget_steps(self, job_id: int, since: int) -> int:
         return len(self._rows(sql.FORGET_STEPS, {"id": job_id, "since": since}))
 

@@ -397,6 +397,9 @@ class SQLiteStorage:
     def steps(self, job_id: int) -> list[Row]:
         return self._read(sql.STEPS, {"id": job_id})
 
+    def step_previews(self, job_id: int, chars: int) -> list[Row]:
+        return self._read(sql.STEP_PREVIEWS, {"id": job_id, "chars": chars})
+
     def forget_steps(self, job_id: int, since: int) -> int:
         return self._change(sql.FORGET_STEPS, {"id": job_id, "since": since})
 

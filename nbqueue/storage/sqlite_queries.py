@@ -476,6 +476,10 @@ STEPS = (
     "SELECT name, value, error, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = :id "
     "ORDER BY finished_at, name"
 )
+STEP_PREVIEWS = (
+    "SELECT name, substr(value, 1, :chars), error, attempt, started_at, finished_at "
+    "FROM nbqueue_steps WHERE job_id = :id ORDER BY finished_at, name"
+)
 FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = :id AND finished_at >= :since"
 # A file is written (or replaced) only under the caller's live lease: a stale worker writes nothing.
 SAVE_FILE = (

@@ -839,3 +839,42 @@ def test_a_task_name_reaches_the_chart_as_plain_text(queue: Queue, board_of: Any
     board.draw_chart()
     assert "<svg" in board.chart.value
     assert "price $x^{$ total" in html.unescape(board.chart.value)
+
+
+def test_the_detail_pane_reads_a_preview_of_each_step_value(
+    queue: Queue, queue_target: str, board_of: Any
+) -> None:
+    """Step values may be megabytes (40 of 8 MB took 2.3 s per refresh, each read whole and
+    decoded): the pane reads the first characters of each, a finished job's only once."""
+    big = "x" * 1_000_000
+
+    @queue.task(name="views.big_steps")
+    def big_steps() -> int:
+        for i in range(3):
+            nbqueue.step(f"part{i}", lambda i=i: {"i": i, "text": big})
+        nbqueue.step("small", lambda: {"ünï": "cödé"})
+        return 1
+
+    job = big_steps.enqueue()
+    with queue.worker():
+        job.result(timeout=60)
+    previews = queue.manager.step_previews(job.id, 50)
+    assert [(row[0], len(row[1])) for row in previews[:3]] == [("part0", 50), ("part1", 50), ("part2", 50)]
+    assert previews[3][:2] == ("small", '{"\\u00fcn\\u00ef":"c\\u00f6d\\u00e9"}')  # small: whole
+    # Past the preview, the stored text is no longer JSON: a pane that decoded it whole would fail.
+    behind_its_back(
+        queue_target, "UPDATE nbqueue_steps SET value = value || %s WHERE name = 'part2'", " not json"
+    )
+    board = board_of(chart=False)
+    board.select(job.id)
+    detail = html.unescape(board.detail.value)
+    assert detail.count('{"i":0,"text":"xxxx') == 1 and detail.count('"text":"xxxx') == 3
+    assert detail.count("xxx... (q.steps(job) has it whole)") == 3
+    assert '{"ünï": "cödé"}' in detail
+    assert len(board.detail.value) < 20_000
+    behind_its_back(queue_target, "UPDATE nbqueue_steps SET value = %s WHERE name = 'small'", '"changed"')
+    queue.enqueue({"n": 1})  # the counts change: the pane is drawn again, the steps are not read
+    board.refresh()
+    assert '{"ünï": "cödé"}' in html.unescape(board.detail.value)
+    whole = queue.steps(job)  # on request: each value whole, the damaged one as the text stored
+    assert whole.loc[0, "value"] == {"i": 0, "text": big} and whole.loc[2, "value"].endswith("} not json")

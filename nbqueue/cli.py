@@ -18,6 +18,7 @@ from typing import Any
 from .cells import CELL_TASK
 from .clock import MAX_SECONDS
 from .errors import NbqueueError
+from .frames import stored_value
 from .jobs import NOTEBOOK_TASK, State, attempt_text, shown_task
 from .notebooks import parameter
 from .queue import Queue
@@ -42,6 +43,25 @@ COMMANDS = {
 EXISTING_ONLY = frozenset(COMMANDS) - {"worker", "notebook"}
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+# C0 and C1 controls and DEL, as the text a person reads: printed raw, a job's name, error or
+# output could clear the screen, set the title, write the clipboard (OSC 52) or overwrite a
+# line with a fake one. Human output only: --json escapes them its own way.
+_ESCAPED = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {9: "\\t", 13: "\\r"}
+_ESCAPED_BUT_LINES = {c: text for c, text in _ESCAPED.items() if c != 10}
+
+
+def plain(text: object, lines: bool = False) -> str:
+    """`text` safe to print to a terminal: control characters escaped (``\\x1b``); with
+    `lines`, newlines kept (a traceback, an output), every other control still escaped."""
+    return str(text).translate(_ESCAPED_BUT_LINES if lines else _ESCAPED)
+
+
+class _PlainFormatter(logging.Formatter):
+    """The worker's log lines (which quote tasks and errors) with control characters escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return plain(super().format(record), lines=True)
 
 
 def duration(text: str) -> float:
@@ -191,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown = redact(args.database or "")
         message = mask_in(str(exc), args.database) if args.database else str(exc)
         where = "" if not shown or shown in message else f"{shown}: "
-        print(f"nbqueue: error: {where}{message}", file=sys.stderr)
+        print(f"nbqueue: error: {plain(where + message, lines=True)}", file=sys.stderr)
         return 1
 
 
@@ -212,7 +232,7 @@ def _unserved(queue: Queue, runnable: Sequence[str], queues: Sequence[str] | Non
     if not missing:
         return None
     total = sum(missing.values())
-    named = ", ".join(f"{shown_task(task)} ({n})" for task, n in missing.items())
+    named = ", ".join(f"{plain(shown_task(task))} ({n})" for task, n in missing.items())
     code = {CELL_TASK, NOTEBOOK_TASK}
     hints = []
     if set(missing) - code:
@@ -226,10 +246,9 @@ def _unserved(queue: Queue, runnable: Sequence[str], queues: Sequence[str] | Non
 
 
 def _worker(queue: Queue, args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(_PlainFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     sys.path.insert(0, os.getcwd())  # `--import mypkg.tasks` from the project folder
     for module in (m for group in args.imports for m in group):
         try:
@@ -326,7 +345,8 @@ def _schedules(queue: Queue, args: argparse.Namespace) -> int:
     print(f"{'name':<20}  {'schedule':<40}  {'next run (local)':<25}  notebook")
     for row in rows:
         upcoming = _iso(row["next_run"]) or "-"
-        print(f"{row['name'][:20]:<20}  {row['schedule'][:40]:<40}  {upcoming:<25}  {row['notebook'] or ''}")
+        name, schedule, notebook = (plain(row[k] or "") for k in ("name", "schedule", "notebook"))
+        print(f"{name[:20]:<20}  {schedule[:40]:<40}  {upcoming:<25}  {notebook}")
     return 0
 
 
@@ -350,7 +370,7 @@ def _stats(queue: Queue, args: argparse.Namespace) -> int:
                 if task is None:
                     print(f"{n} pending raw payload job(s) (taken by claim(), never by a worker)")
                 else:
-                    print(f"{n} pending job(s) of task {shown_task(task)}")
+                    print(f"{n} pending job(s) of task {plain(shown_task(task))}")
     return 0
 
 
@@ -392,8 +412,9 @@ def _jobs(queue: Queue, args: argparse.Namespace) -> int:
     for j, attempt in zip(jobs, attempts, strict=True):
         error = (j.error or "").strip().splitlines()[-1:] or [""]
         print(
-            f"{j.id:>6}  {j.status.value:<15}  {j.queue[:10]:<10}  {shown_task(j.task)[:24]:<24}  "
-            f"{attempt:<{wide}}  {j.run_at:%Y-%m-%d %H:%M:%S}  {error[0][:60]}"
+            f"{j.id:>6}  {j.status.value:<15}  {plain(j.queue)[:10]:<10}  "
+            f"{plain(shown_task(j.task))[:24]:<24}  {attempt:<{wide}}  "
+            f"{j.run_at:%Y-%m-%d %H:%M:%S}  {plain(error[0])[:60]}"
         )
     return 0
 
@@ -446,11 +467,11 @@ def _show(queue: Queue, args: argparse.Namespace) -> int:
         rows.append(("root cause", f"job {job.root_cause}"))
     print(f"job {job.id}")
     for name, value in rows:
-        print(f"  {name:<14} {value}")
+        print(f"  {name:<14} {plain(value)}")
     for name, text in (("error", job.error), ("output", job.output)):
         if text and text.strip():
             print(f"{name}:")
-            print("\n".join(f"  {line}" for line in text.rstrip().splitlines()))
+            print("\n".join(f"  {plain(line)}" for line in text.rstrip().split("\n")))
     return 0
 
 
@@ -476,7 +497,7 @@ def _graph(queue: Queue, args: argparse.Namespace) -> int:
     for job, parents in graph:
         cause = f"  (root cause: job {job.root_cause})" if job.root_cause else ""
         named = ", ".join(map(str, parents)) or "-"
-        print(f"{job.id:>6}  {job.status.value:<15}  {shown_task(job.task)[:24]:<24}  {named}{cause}")
+        print(f"{job.id:>6}  {job.status.value:<15}  {plain(shown_task(job.task))[:24]:<24}  {named}{cause}")
     return 0
 
 
@@ -486,7 +507,7 @@ def _steps(queue: Queue, args: argparse.Namespace) -> int:
             "step": name,
             "status": "completed" if error is None else "failed",
             "attempt": attempt,
-            "value": None if value is None else json.loads(value),
+            "value": stored_value(value),
             "error": error,
         }
         for name, value, error, attempt, _started, _finished in queue.manager.steps(args.id)
@@ -501,8 +522,8 @@ def _steps(queue: Queue, args: argparse.Namespace) -> int:
     print(f"{'step':<24}  {'status':<9}  {'attempt':>7}  value / error")
     for row in rows:
         shown = json.dumps(row["value"]) if row["error"] is None else str(row["error"]).strip()
-        last = shown.splitlines()[-1] if shown else ""
-        print(f"{str(row['step'])[:24]:<24}  {row['status']:<9}  {row['attempt']:>7}  {last[:70]}")
+        last = plain(shown.splitlines()[-1]) if shown else ""
+        print(f"{plain(row['step'])[:24]:<24}  {row['status']:<9}  {row['attempt']:>7}  {last[:70]}")
     return 0
 
 

@@ -8,7 +8,9 @@ pandas is imported only when a frame is asked for, so a plain worker stays light
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from .clock import from_us
@@ -96,10 +98,45 @@ def _next_start(row: Sequence[Any], now_us: int) -> float:
     return max(0.0, (tat - burst * 1e6 / float(rate) - now_us) / 1e6)
 
 
+# What each column of a limits row holds when nbqueue wrote it (NoneType: it may be NULL).
+_LIMIT_COLUMNS = (
+    ("key", "text", (str,)),
+    ("concurrency", "integer", (int, type(None))),
+    ("rate", "number", (int, float, type(None))),
+    ("burst", "number", (int, float)),
+    ("tat", "integer", (int,)),
+    ("paused_until", "integer", (int, type(None))),
+    ("paused_why", "text", (str, type(None))),
+    ("in flight", "number", (int, float, Decimal)),  # a sum: PostgreSQL's is numeric
+)
+
+
+def _limit_damage(row: Sequence[Any]) -> str | None:
+    """What is wrong with a limits row written by hand (text where a number belongs, a BLOB, a
+    time out of range), or None: such a row is listed as damaged, never stops the frame."""
+    for (name, kind, types), value in zip(_LIMIT_COLUMNS, row[:8], strict=True):
+        if isinstance(value, bool) or not isinstance(value, types):
+            return f"its {name} is {value!r:.40}, not {kind}"
+        endless = isinstance(value, float) and not math.isfinite(value)
+        if endless or (name == "rate" and isinstance(value, int | float) and value <= 0):
+            return f"its {name} is {value!r}"  # nbqueue writes only finite rates above zero
+    try:
+        from_us(row[5])
+    except (OverflowError, ValueError, OSError):
+        return f"its paused_until {row[5]!r} is no time"
+    return None
+
+
 def limits_frame(rows: Sequence[Sequence[Any]], waiting: dict[str, int], now_us: int) -> pd.DataFrame:
     """One row per limit key: what it allows, what holds it now, what waits, when its rate lets the
-    next start go, and its pause."""
+    next start go, and its pause; `damaged` says what is wrong with a row written by hand (its
+    other columns then empty)."""
     pandas = _pandas()
+    damage = [_limit_damage(r) for r in rows]
+    rows = [
+        r if why is None else (str(r[0]), None, None, 0.0, 0, None, None, 0)
+        for r, why in zip(rows, damage, strict=True)
+    ]
 
     def paused(until: Any) -> Any:
         return from_us(until) if isinstance(until, int) and until > now_us else None
@@ -115,6 +152,7 @@ def limits_frame(rows: Sequence[Sequence[Any]], waiting: dict[str, int], now_us:
             "next_start_in": pandas.array([_next_start(r, now_us) for r in rows], dtype="float64"),
             "paused_until": pandas.to_datetime([paused(r[5]) for r in rows], utc=True),
             "paused_why": pandas.array([r[6] if paused(r[5]) else None for r in rows], dtype="string"),
+            "damaged": pandas.array(damage, dtype="string"),
         }
     )
     result: pd.DataFrame = frame
@@ -145,6 +183,17 @@ def graph_frame(graph: Sequence[tuple[Job, list[int]]]) -> pd.DataFrame:
     return result
 
 
+def stored_value(text: str | None) -> Any:
+    """A stored JSON value, decoded; one written by hand that is not JSON stays the text stored
+    (one damaged row never hides the others)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+
+
 def steps_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
     """One row per recorded step (name, value, error, attempt, started_at, finished_at as stored):
     step, status, attempt, started, finished, value (decoded JSON), error."""
@@ -158,7 +207,7 @@ def steps_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
             "attempt": pandas.array([r[3] for r in rows], dtype="int64"),
             "started": pandas.to_datetime([_time(r[4]) for r in rows], utc=True),
             "finished": pandas.to_datetime([_time(r[5]) for r in rows], utc=True),
-            "value": [None if r[1] is None else json.loads(r[1]) for r in rows],
+            "value": [stored_value(r[1]) for r in rows],
             "error": pandas.array([r[2] for r in rows], dtype="string"),
         }
     )

@@ -440,30 +440,30 @@ def from_row(row: Sequence[Any]) -> Job:
             task=None if row[3] is None else str(row[3]),
             payload=json.loads(row[4]),
             priority=_integer(row[5]),
-            key=row[6],
+            key=_text(row[6]),
             retries=_integer(row[7]),
             max_retries=_integer(row[8]),
             attempts=_integer(row[9]),
-            error=row[10],
+            error=_text(row[10]),
             run_at=_time(row[11]),
             created_at=_time(row[12]),
             updated_at=_time(row[13]),
             started_at=from_us(row[14]),
             finished_at=from_us(row[15]),
             lease_until=from_us(row[16]),
-            worker_id=row[17],
+            worker_id=_text(row[17]),
             timeout=None if row[18] is None else float(row[18]),
-            output=row[19],
+            output=_text(row[19]),
             backoff=stored_backoff(row[20]) if row[20] else None,
-            result_json=row[21],
+            result_json=_text(row[21]),
             progress_done=row[22],
             progress_total=row[23],
-            progress_message=row[24],
+            progress_message=_text(row[24]),
             signature=row[25],
             limits=json.loads(row[26]) if row[26] else {},
             snoozes=_integer(row[27]),
             parents_left=_integer(row[28]),
-            when=row[29],
+            when=_text(row[29]),
             root_cause=row[30],
             workflow=row[31],
         )
@@ -507,6 +507,13 @@ def listed(row: Sequence[Any]) -> Job:
 def _integer(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer column, found {value!r:.60}")
+    return value
+
+
+def _text(value: Any) -> str | None:
+    """A text column: SQLite keeps whatever was written, a BLOB too, which no view can show."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"expected a text column, found {value!r:.60}")
     return value
 
 

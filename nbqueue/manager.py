@@ -867,6 +867,11 @@ class JobManager:
         """A job's recorded steps: name, value, error, attempt, started_at, finished_at."""
         return self.storage.steps(check_id(job_id))
 
+    def step_previews(self, job_id: int, chars: int) -> list[Row]:
+        """A job's recorded steps, each value cut to `chars` characters (a view reads no more):
+        name, value, error, attempt, started_at, finished_at."""
+        return self.storage.step_previews(check_id(job_id), chars)
+
     def save_file(self, job: Job, name: str, content: str) -> bool:
         """Keep a file with this claim of `job` (replacing one of that name); False (nothing
         written) once the claim is gone."""

@@ -198,9 +198,11 @@ def run(
     job_context = context.current()
     job_id = job_context.job.id if job_context else 0
     timeout = job_context.job.timeout if job_context else None
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # an executed notebook is the owner's
     stem = Path(source).stem or "notebook"
     target = folder / f"{stem}-{job_id}.ipynb"
+    written = [target, target.with_suffix(".html")] if "html" in outputs else [target]
+    _owner_only(written)
     with tempfile.TemporaryDirectory(prefix="nbqueue-notebook-") as scratch:
         spec = Path(scratch) / "spec.json"
         spec.write_text(
@@ -233,6 +235,10 @@ def run(
             told = log.read()[-4000:]
             log.close()
         _keep(job_context, target)
+        for made in written:  # made above, never written: the run ended before it got there
+            with contextlib.suppress(OSError):
+                if not made.stat().st_size:
+                    made.unlink()
         if stopped:
             raise stopped
         if child.returncode != 0:
@@ -241,6 +247,18 @@ def run(
     if "html" in outputs:
         result["html"] = str(target.with_suffix(".html"))
     return result
+
+
+def _owner_only(paths: list[Path]) -> None:
+    """Create each file owner-only (0600), or make an existing one so, before the run writes it:
+    papermill and nbconvert open with "w", which keeps a file's mode, whatever the umask. A
+    symlink put there is refused (OSError), never followed."""
+    for path in paths:
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(handle, 0o600)
+        finally:
+            os.close(handle)
 
 
 def _watch(
@@ -274,7 +292,9 @@ def _keep(job_context: context.JobContext | None, target: Path) -> None:
     if job_context is None or job_context.save_file is None:
         return
     with contextlib.suppress(OSError):
-        job_context.save_file(NOTEBOOK_FILE, target.read_text(encoding="utf-8"))
+        text = target.read_text(encoding="utf-8")
+        if text:  # empty: made owner-only before the run, which never wrote it
+            job_context.save_file(NOTEBOOK_FILE, text)
 
 
 def _failure(error_file: Path, code: int, told: str, target: Path) -> BaseException:

@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from .clock import MAX_SECONDS
 from .errors import InvalidArgument
 
 #: Cron's nicknames, as the five fields they stand for.
@@ -46,8 +47,10 @@ class Every:
     seconds: float
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.seconds) or self.seconds < 1:
-            raise InvalidArgument(f"every must be at least one second, not {self.seconds!r}")
+        # Bounded above too: every=timedelta.max would put the next slot past the year 9999,
+        # which no datetime holds (q.schedules() and every board would raise).
+        if not math.isfinite(self.seconds) or not 1 <= self.seconds <= MAX_SECONDS:
+            raise InvalidArgument(f"every must be from one second to a century, not {self.seconds!r} s")
 
     def latest(self, at: datetime) -> datetime | None:
         """The latest slot at or before `at`."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -498,3 +499,80 @@ def test_show_prints_one_job_in_full(capsys: pytest.CaptureFixture[str], db: str
     )
     status, _, err = cli(capsys, "show", db, "999")
     assert status == 1 and err.strip() == f"nbqueue: error: {db}: no job with id 999"
+
+
+# Clears the screen, sets the title, writes the clipboard (OSC 52), returns to the line's start
+# to print a fake line, a C1 CSI and DEL: each must reach a terminal escaped, never raw.
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\rjob 1 completed\x9b31m\x7f"
+RAW = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # every control but the newline
+
+
+def test_human_output_escapes_control_characters_from_job_data(
+    capsys: pytest.CaptureFixture[str], db: str, tmp_path: Path
+) -> None:
+    notebook = tmp_path / "report.ipynb"
+    notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    with Queue(db) as q:
+        q.periodic_notebook(notebook, every=3600, name=f"nightly{HOSTILE}")
+        task = q.task(name=f"evil{HOSTILE}")(lambda n: nbqueue.step(f"fetch{HOSTILE}", str, n))
+        job = task.schedule((1,), queue=f"q{HOSTILE}", key=f"k{HOSTILE}")
+        pending = task.schedule((2,), queue=f"q{HOSTILE}")
+        with q.worker(queues=[f"q{HOSTILE}"]):
+            job.result(timeout=10)
+            pending.result(timeout=10)
+        failed = task.schedule((3,), queue=f"q{HOSTILE}", max_retries=0)
+        claimed = q.claim(queues=[f"q{HOSTILE}"], worker_id=f"w{HOSTILE}")
+        assert claimed is not None and claimed.id == failed.id
+        error = f"Traceback (most recent call last):\nRuntimeError: {HOSTILE}"
+        q.fail(claimed, error, output=f"out{HOSTILE}\nline 2")
+        task.schedule((4,), queue=f"q{HOSTILE}")  # pending: `stats` names its task
+    commands = [
+        ["stats"],
+        ["jobs"],
+        ["show", str(failed.id)],
+        ["show", str(job.id)],
+        ["graph", str(job.id)],
+        ["steps", str(job.id)],
+        ["schedules"],
+    ]
+    for command in commands:
+        status, out, err = cli(capsys, command[0], db, *command[1:])
+        assert status == 0, (command, err)
+        assert not RAW.search(out + err), (command, out)
+        assert "\\x1b[2J" in out, (command, out)
+    status, out, _ = cli(capsys, "show", db, str(failed.id))
+    assert "\\rjob 1 completed\\x9b31m\\x7f" in out and "  line 2" in out  # newlines kept in text
+    status, out, _ = cli(capsys, "jobs", db, "--json")
+    assert {j["task"] for j in json.loads(out)} == {f"evil{HOSTILE}"}  # --json is as it was
+
+
+def test_the_workers_own_lines_escape_control_characters(db: str, tmp_path: Path) -> None:
+    """What the worker says on stderr (tasks it has no code for, each job's failure with -v)."""
+    (tmp_path / "hostile.py").write_text(
+        "import nbqueue\n"
+        f"q = nbqueue.Queue({db!r})\n"
+        "@q.task(name='boom', max_retries=0)\n"
+        "def boom():\n"
+        f"    raise RuntimeError({HOSTILE!r})\n"
+    )
+    with Queue(db) as q:
+        q.task(name=f"absent{HOSTILE}")(lambda: None).enqueue()  # no code for it in the worker
+        job = q.task(name="boom", max_retries=0)(lambda: None).enqueue()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "nbqueue", "worker", db, "--import", "hostile", "-v"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with Queue(db) as q:
+            wait_until(lambda: q.get(job.id).status == "dead", 30, "the job died")
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert "no task here for 1 pending job(s) of: absent\\x1b[2J" in err
+    failure = [line for line in err.splitlines() if f"job {job.id} failed (dead): " in line]
+    assert len(failure) == 1 and failure[0].endswith("completed\\x9b31m\\x7f")
+    assert not RAW.search(err), err

@@ -242,3 +242,17 @@ def test_a_daily_cron_in_berlin_is_enqueued_once_per_day_across_both_dst_changes
         "2024-10-27T00:30:00+00:00",  # the first 02:30 (CEST); not again at 02:30 CET
         "2024-10-28T01:30:00+00:00",  # 02:30 CET
     ]
+
+
+def test_every_is_bounded_at_declaration_and_the_schedules_stay_readable(tmp_path: Path) -> None:
+    """every=timedelta.max put the next slot past the year 9999: q.schedules() and every board
+    raised. Refused when declared (up to a century is a schedule; beyond, a mistake)."""
+    with Queue(tmp_path / "jobs.db") as q:
+        for every in (timedelta.max, timedelta(days=365.25 * 100 + 1), 1e300):
+            with pytest.raises(nbqueue.InvalidArgument, match="every must be from one second to a century"):
+                q.periodic(every=every)
+        q.periodic(every=timedelta(days=365 * 100), name="lr.century")(lambda: None)
+        q.periodic(cron="0 0 29 2 *", name="lr.leap")(lambda: None)  # every fourth year
+        frame = q.schedules()
+    assert set(frame["name"]) == {"lr.century", "lr.leap"}
+    assert frame["next_run"].notna().all()

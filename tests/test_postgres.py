@@ -245,3 +245,24 @@ def test_a_connection_made_by_a_thread_closes_when_the_thread_ends(pg_url: str) 
     assert q.counts()["pending"] == 150
     assert len(q.manager.storage._all) <= 2  # this thread's, and at most one not yet collected
     q.close()
+
+
+def test_schema_names_are_counted_in_utf8_bytes(pg_server: str) -> None:
+    """PostgreSQL cuts identifiers at 63 bytes: two longer names that share those bytes would open
+    one schema. 33 characters of two bytes each are 66 bytes: refused, however few characters."""
+    stem = "é" * 31  # 62 bytes
+    for name in (stem + "ab", stem + "ac", "ü" * 32):
+        with pytest.raises(nbqueue.InvalidArgument, match="1 to 63 bytes"):
+            nbqueue.Queue(f"{pg_server}?schema={name}")
+    longest = stem + "a"  # 63 bytes: the longest name, kept whole
+    try:
+        with nbqueue.Queue(f"{pg_server}?schema={longest}") as q:
+            q.enqueue({"n": 1})
+        with psycopg.connect(pg_server) as conn:
+            found = conn.execute(
+                "SELECT count(*) FROM information_schema.schemata WHERE schema_name = %s", (longest,)
+            ).fetchone()
+        assert found == (1,)
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{longest}" CASCADE')

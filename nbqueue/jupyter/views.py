@@ -13,15 +13,17 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import ipywidgets as widgets
 
 from .. import notebooks
 from ..dag import COLOURS, short, svg
-from ..errors import NbqueueError
+from ..errors import DamagedJob, NbqueueError
 from ..frames import last_line
 from ..jobs import FINISHED, Job, State, attempt_text, shown_task
 from ..queue import Queue
@@ -34,6 +36,7 @@ log = logging.getLogger("nbqueue.views")
 ALL = "all"
 FAMILY_SHOWN = 20  # parents or children the detail pane names
 GRAPH_DRAWN = 300  # jobs of a job's graph the detail pane draws (q.graph has them all)
+STEP_PREVIEW = 120  # characters of a step's value the detail pane reads and shows
 DETAIL_LIMIT = 20_000  # characters of a payload, result, error or output the detail pane shows
 
 
@@ -262,6 +265,13 @@ def limits_line(frame: Any) -> str:
     """LIMITS  openai 4/8 in flight · 500/m, next start in 0.2 s · paused by 429 until 14:32:10 UTC."""
     parts = []
     for row in frame.itertuples(index=False):
+        if isinstance(row.damaged, str):  # written by hand: says so, the other keys still shown
+            parts.append(
+                f"<span class='nbqueue-limit nbqueue-damaged' data-key='{html.escape(str(row.key))}' "
+                f"style='color:#dc3545'><b>{html.escape(str(row.key))}</b> damaged: "
+                f"{html.escape(row.damaged)}</span>"
+            )
+            continue
         bits = [f"<b>{html.escape(str(row.key))}</b>"]
         limit = "" if row.concurrency is None or str(row.concurrency) == "<NA>" else f"/{row.concurrency}"
         held = f"{row.in_flight}{limit}"
@@ -282,6 +292,19 @@ def limits_line(frame: Any) -> str:
     if not parts:
         return ""
     return "<div class='nbqueue-limits'><b>LIMITS</b>&nbsp; " + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+
+
+def _or_damage(title: str, line: Callable[[], str]) -> str:
+    """One line of the board, or what stopped it (a row written by hand, say): the line says
+    so and the rest of the board still shows."""
+    try:
+        return line()
+    except Exception as exc:  # whatever a damaged row raises, it must not stop every refresh
+        said = html.escape(f"{type(exc).__name__}: {exc}"[:300])
+        return (
+            f"<div class='nbqueue-damaged' style='color:#dc3545'><b>{title}</b>&nbsp; "
+            f"cannot be read: {said}</div>"
+        )
 
 
 SCHEDULES_SHOWN = 5  # the soonest schedules the board names; q.schedules() has them all
@@ -376,25 +399,38 @@ def family(queue: Queue, job: Job) -> str:
 
 
 def steps_table(queue: Queue, job: Job) -> str:
-    """A job's durable steps: name, status, attempt, value (clipped), error's last line."""
-    frame = queue.steps(job)
-    if frame.empty:
-        return ""
+    """A job's durable steps: name, status, attempt, value (a preview: the pane reads no more of
+    it, however big; q.steps(job) has it whole), error's last line."""
     rows = []
-    for r in frame.itertuples(index=False):
-        value = json.dumps(r.value, ensure_ascii=False)[:120] if r.status == "completed" else ""
-        error = (last_line(r.error) if isinstance(r.error, str) else None) or ""
-        cells = (str(r.step), str(r.status), str(r.attempt), value, error[:120])
+    for name, value, error, attempt, _started, _finished in queue.manager.step_previews(
+        job.id,
+        STEP_PREVIEW + 1,  # one more: a value that long was cut
+    ):
+        shown = "" if error is not None or value is None else _step_value(str(value))
+        error_line = (last_line(error) if isinstance(error, str) else None) or ""
+        cells = (str(name), "completed" if error is None else "failed", str(attempt), shown, error_line[:120])
         rows.append(
-            f"<tr data-step='{html.escape(str(r.step))}'>"
+            f"<tr data-step='{html.escape(str(name))}'>"
             + "".join(f"<td style='text-align:left;padding:1px 8px'>{html.escape(c)}</td>" for c in cells)
             + "</tr>"
         )
+    if not rows:
+        return ""
     head = "".join(
         f"<th style='text-align:left;padding:1px 8px'>{h}</th>"
         for h in ("step", "status", "attempt", "value", "error")
     )
     return f"<div><b>steps</b><table class='nbqueue-steps'><tr>{head}</tr>{''.join(rows)}</table></div>"
+
+
+def _step_value(preview: str) -> str:
+    """A step's value as the pane shows it: a small one whole, a big one its start."""
+    if len(preview) > STEP_PREVIEW:
+        return f"{preview[:STEP_PREVIEW]}... (q.steps(job) has it whole)"
+    try:  # whole: shown as JSON without \u escapes
+        return json.dumps(json.loads(preview), ensure_ascii=False)[:STEP_PREVIEW]
+    except ValueError:
+        return preview
 
 
 def graph_html(queue: Queue, of: Workflow | Planned | Job | int, title: str = "") -> str:
@@ -409,10 +445,12 @@ def notebook_line(job: Job) -> str:
     path = notebooks.executed_path(job)
     if path is None:
         return ""
-    relative = os.path.relpath(path)
+    # The row says where: only a file here is linked, by a percent-encoded relative path, so
+    # no "javascript:" or "http:" a row may hold reaches the href as a scheme.
+    relative = os.path.relpath(path) if os.path.isfile(path) else os.pardir
     shown = html.escape(os.path.basename(path))
     link = (
-        f"<a href='{html.escape(relative)}' target='_blank' title='{html.escape(path)}'>{shown}</a>"
+        f"<a href='{html.escape(quote(relative))}' target='_blank' title='{html.escape(path)}'>{shown}</a>"
         if not relative.startswith("..")
         else f"<code>{html.escape(path)}</code>"
     )
@@ -555,6 +593,7 @@ class JobBoard(_LiveView):
         self._chart_thread: threading.Thread | None = None
         self._updating = False
         self._detail_key: tuple[int, object, tuple[int, ...]] | None = None
+        self._steps: tuple[object, str] = (None, "")  # a finished job's steps table, read once
         self.counts: dict[str, int] = {}
         self.rows: list[Job] = []
         self.running: list[Job] = []
@@ -667,8 +706,10 @@ class JobBoard(_LiveView):
             self.counts_html.value = "".join(_pill(s, counts[s.value]) for s in State)
             self.outcome.value = outcome_bar(counts)
             self._draw_chart()
-            self.limits_html.value = limits_line(self.queue.limits())
-            self.schedules_html.value = schedules_line(self.queue.manager.schedule_rows())
+            self.limits_html.value = _or_damage("LIMITS", lambda: limits_line(self.queue.limits()))
+            self.schedules_html.value = _or_damage(
+                "SCHEDULES", lambda: schedules_line(self.queue.manager.schedule_rows())
+            )
             more = counts["running"] - len(running)
             notes = waiting_notes(self.queue, rows)
             self.table.value = jobs_table(
@@ -734,6 +775,8 @@ class JobBoard(_LiveView):
         self._detail_key = key
         try:
             job = self.queue.get(job_id) if job_id else None
+        except DamagedJob:
+            job = listed  # what can be read of it, its damage in its error
         except NbqueueError:
             job = None
         self.cancel_button.disabled = job is None or job.finished
@@ -741,7 +784,12 @@ class JobBoard(_LiveView):
         if job is None:
             self.detail.value = job_detail(None)
             return
-        extra = family(self.queue, job) + steps_table(self.queue, job)
+        # A finished job's steps change only with its row (a replay or requeue moves it): read
+        # once, not at each change of the counts; an unfinished job's are read each time.
+        mark = (job.id, job.updated_at)
+        if not job.finished or self._steps[0] != mark:
+            self._steps = (mark, steps_table(self.queue, job))
+        extra = family(self.queue, job) + self._steps[1]
         self.detail.value = job_detail(job, extra, attempts_table(self.queue.attempts(job)))
 
     def _act(self, action: str) -> None:
@@ -1011,6 +1059,8 @@ class DeadLetterView(_LiveView):
         self._detail_key = key
         try:
             job = None if listed is None else self.queue.get(listed.id)
+        except DamagedJob:
+            job = listed  # what can be read of it, its damage in its error
         except NbqueueError:
             job = None
         if job is None:

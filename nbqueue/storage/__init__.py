@@ -188,6 +188,11 @@ class Storage(Protocol):
         """A job's steps: name, value, error, attempt, started_at, finished_at, in the order they finished."""
         ...
 
+    def step_previews(self, job_id: int, chars: int) -> list[Row]:
+        """`steps` with each value cut to its first `chars` characters (a view's preview: the
+        whole value never leaves the database): name, value, error, attempt, started_at, finished_at."""
+        ...
+
     def forget_steps(self, job_id: int, since: int) -> int:
         """Forget the steps that finished at or after `since`; how many."""
         ...

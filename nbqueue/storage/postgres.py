@@ -61,6 +61,9 @@ T = TypeVar("T")
 Params = dict[str, Any]
 TIDY_EVERY = 5.0  # seconds between folds of the count changes by a reader
 LOCKED_RETRY_SECONDS = 120.0  # a statement cancelled by a timeout (a lock held elsewhere) is retried
+# PostgreSQL cuts an identifier to 63 bytes (of UTF-8), silently: two longer schema names that
+# share their first 63 bytes would open one schema, so names are counted in bytes and refused beyond.
+SCHEMA_BYTES = 63
 _NEW_JOB_FIELDS = (
     *("queue", "task", "payload", "priority", "key", "max_retries", "delay_us"),
     *("run_at_us", "timeout", "backoff", "signature", "limits", "gate"),
@@ -73,8 +76,15 @@ def _split_url(url: str) -> tuple[str, str]:
     query = parse_qsl(parts.query, keep_blank_values=True)
     schema = next((v for k, v in query if k == "schema"), "public")
     rest = [(k, v) for k, v in query if k != "schema"]
-    if not schema or len(schema) > 60 or "\x00" in schema:
-        raise InvalidArgument(f"schema must be a name of 1 to 60 characters, not {schema!r}")
+    try:
+        size = len(schema.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: no name PostgreSQL could hold
+        size = 0
+    if not 0 < size <= SCHEMA_BYTES or "\x00" in schema:
+        raise InvalidArgument(
+            f"schema must be a name of 1 to {SCHEMA_BYTES} bytes in UTF-8 (PostgreSQL cuts longer "
+            f"names short), not {schema!r}"
+        )
     return urlunsplit(parts._replace(query=urlencode(rest))), schema
 
 
@@ -404,6 +414,9 @@ class PostgresStorage:
 
     def steps(self, job_id: int) -> list[Row]:
         return self._rows(sql.STEPS, {"id": job_id})
+
+    def step_previews(self, job_id: int, chars: int) -> list[Row]:
+        return self._rows(sql.STEP_PREVIEWS, {"id": job_id, "chars": chars})
 
     def forget_steps(self, job_id: int, since: int) -> int:
         return len(self._rows(sql.FORGET_STEPS, {"id": job_id, "since": since}))

@@ -333,6 +333,10 @@ STEPS = (
     "SELECT name, value, error, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = %(id)s "
     "ORDER BY finished_at, name"
 )
+STEP_PREVIEWS = (
+    "SELECT name, left(value, %(chars)s), error, attempt, started_at, finished_at "
+    "FROM nbqueue_steps WHERE job_id = %(id)s ORDER BY finished_at, name"
+)
 FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = %(id)s AND finished_at >= %(since)s RETURNING 1"
 # A file is written (or replaced) only under the caller's live lease: a stale worker writes nothing.
 SAVE_FILE = (

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sqlite3
+import stat
 import tempfile
 import threading
 import time
@@ -62,6 +64,7 @@ POLL_FIRST = 0.005
 POLL_MOST = 0.05
 
 T = TypeVar("T")
+log = logging.getLogger("nbqueue.storage")
 
 # In-process wake-ups, shared by every SQLiteStorage on the same file.
 _signals: dict[str, threading.Condition] = {}
@@ -103,6 +106,30 @@ def _ids(values: Sequence[int] | Sequence[str] | None) -> str | None:
     return None if values is None else json.dumps(list(values))
 
 
+def _owner_only(path: str) -> None:
+    """A queue file (or its -wal/-shm) that anyone may write, found already there, is made 0600
+    with a warning: nbqueue makes its files 0600, so such a file was planted or loosened by hand.
+    One owned by another user is refused: its owner can loosen it again whenever they like.
+    A group-writable file is left as it is: sharing a queue with one's group is a choice."""
+    if os.name != "posix":  # Windows has no such modes (every writable file reads as 0o666)
+        return
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        try:
+            found = os.stat(name)
+        except FileNotFoundError:
+            continue
+        if not found.st_mode & stat.S_IWOTH:
+            continue
+        if found.st_uid != os.geteuid():
+            raise StorageError(
+                f"{name} is writable by anyone and owned by another user (uid {found.st_uid}): "
+                "not opened as a queue; its owner can make it 0600, or use another path"
+            )
+        os.chmod(name, 0o600)
+        loose = found.st_mode & 0o777
+        log.warning("%s was writable by anyone (mode %o): made owner-only (0600)", name, loose)
+
+
 class SQLiteStorage:
     """Jobs in one SQLite file; safe from many threads and processes."""
 
@@ -131,6 +158,7 @@ class SQLiteStorage:
             self._signal = _signals.setdefault(self.path, threading.Condition())
             self._write_lock = _write_locks.setdefault(self.path, threading.Lock())
         self._create_file()
+        _owner_only(self.path)
         try:
             self._migrate()
         except NbqueueError:  # refused: close, so that SQLite removes the -wal/-shm files it made
@@ -368,6 +396,9 @@ class SQLiteStorage:
 
     def steps(self, job_id: int) -> list[Row]:
         return self._read(sql.STEPS, {"id": job_id})
+
+    def step_previews(self, job_id: int, chars: int) -> list[Row]:
+        return self._read(sql.STEP_PREVIEWS, {"id": job_id, "chars": chars})
 
     def forget_steps(self, job_id: int, since: int) -> int:
         return self._change(sql.FORGET_STEPS, {"id": job_id, "since": since})

@@ -367,14 +367,16 @@ RESUME = (
 LIMITS = (
     "SELECT key, concurrency, rate, burst, tat, paused_until, paused_why, "
     "(SELECT coalesce(sum(held.value), 0) "
-    "FROM nbqueue_jobs INDEXED BY nbqueue_lease, json_each(nbqueue_jobs.limits) AS held "
+    "FROM nbqueue_jobs INDEXED BY nbqueue_lease, json_each(CASE WHEN json_valid(nbqueue_jobs.limits) "
+    "THEN nbqueue_jobs.limits END) AS held "  # a row written by hand with no JSON there: none held
     "WHERE status = 'running' AND held.key = nbqueue_limits.key) FROM nbqueue_limits ORDER BY key"
 )
 WAITING_PER_KEY = (
     # With no limit defined, the outer loop has no row and no job is read (SQLite keeps the
     # order of a CROSS JOIN; it evaluates an EXISTS term row by row).
     "SELECT held.key, count(*) FROM (SELECT 1 FROM nbqueue_limits LIMIT 1) AS defined "
-    "CROSS JOIN nbqueue_jobs CROSS JOIN json_each(nbqueue_jobs.limits) AS held "
+    "CROSS JOIN nbqueue_jobs CROSS JOIN json_each(CASE WHEN json_valid(nbqueue_jobs.limits) "
+    "THEN nbqueue_jobs.limits END) AS held "
     f"WHERE {CLAIMABLE_SQL} AND gate > '' GROUP BY held.key"
 )
 NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)
@@ -473,6 +475,10 @@ STEP_OF = "SELECT value FROM nbqueue_steps WHERE job_id = :id AND name = :name A
 STEPS = (
     "SELECT name, value, error, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = :id "
     "ORDER BY finished_at, name"
+)
+STEP_PREVIEWS = (
+    "SELECT name, substr(value, 1, :chars), error, attempt, started_at, finished_at "
+    "FROM nbqueue_steps WHERE job_id = :id ORDER BY finished_at, name"
 )
 FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = :id AND finished_at >= :since"
 # A file is written (or replaced) only under the caller's live lease: a stale worker writes nothing.

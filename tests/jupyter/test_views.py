@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import html
 import itertools
 import re
+import sqlite3
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -727,3 +730,151 @@ def test_the_board_marks_a_running_job_whose_worker_process_is_gone(
     board = board_of()
     assert [j.id for j in board.running] == [job.id]
     assert "nbqueue-silent" in board.table.value
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "javascript:alert(document.domain)",
+        "http://evil.example/report.ipynb",
+        "//evil.example/report.ipynb",
+        "data:text/html,<script>alert(1)</script>",
+    ],
+)
+def test_the_detail_pane_links_only_to_a_local_file(
+    queue: Queue, board_of: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: str
+) -> None:
+    """A notebook job's row says where its executed notebook is: a URL of any scheme is shown
+    as text, never linked; a file here is linked by its relative path, percent-encoded."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    local = tmp_path / "out" / "daily #1?.ipynb"
+    local.write_text("{}")
+    notebook = write_notebook(tmp_path / "daily.ipynb", "1")
+    shown = {}
+    for where in (said, str(local)):
+        job = queue.enqueue_notebook(notebook, priority=next(_rising))
+        claimed = queue.claim()
+        assert claimed is not None and claimed.id == job.id
+        queue.complete(claimed, {"values": {}, "notebook": where})
+        board = board_of()
+        board.select(job.id)
+        shown[where] = board.detail.value
+    assert "<a " not in shown[said] and "href" not in shown[said]
+    assert "<code>" in shown[said]
+    assert "href='out/daily%20%231%3F.ipynb'" in shown[str(local)]
+
+
+# -- rows written by hand ---------------------------------------------------------------------
+
+
+def behind_its_back(target: str, statement: str, *values: Any) -> None:
+    """Write to the queue's tables as anyone with write access to the database could."""
+    if "://" in target:
+        import psycopg
+
+        server, schema = target.split("?schema=")
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            conn.execute(statement, values)
+    else:
+        with contextlib.closing(sqlite3.connect(target)) as conn, conn:
+            conn.execute(statement.replace("%s", "?"), values)
+
+
+def test_every_view_renders_around_rows_written_by_hand(tmp_path: Path, views: list[Any]) -> None:
+    """SQLite keeps whatever is written (a BLOB, text where a number belongs): each such row is
+    listed as damaged, and the views show every other row as before."""
+    path = str(tmp_path / "jobs.db")
+    with Queue(path) as q:
+        dead = make(q, State.DEAD)
+        done = make(q, State.COMPLETED)
+        keyed = q.enqueue({"n": 2}, key="k")
+        q.limit("bad", concurrency=2)
+        q.limit("good", concurrency=3)
+        behind_its_back(path, "UPDATE nbqueue_jobs SET error = %s WHERE id = %s", b"\x00\xff", dead.id)
+        behind_its_back(path, "UPDATE nbqueue_jobs SET key = %s WHERE id = %s", b"\xffk", keyed.id)
+        behind_its_back(path, "UPDATE nbqueue_limits SET concurrency = 'x' WHERE key = 'bad'")
+        board = JobBoard(q, interval=3600, chart=False)
+        views.append(board)
+        assert sorted(row_ids(board.table.value)) == sorted([dead.id, done.id, keyed.id])
+        assert board.table.value.count("cannot be read") == 2
+        limits = html.unescape(board.limits_html.value)
+        assert "bad</b> damaged: its concurrency is 'x', not integer" in limits
+        assert "good</b> · 0/3 in flight" in limits
+        board.select(dead.id)
+        assert f"#{dead.id}" in board.detail.value and "cannot be read" in board.detail.value
+        dead_view = DeadLetterView(q, interval=3600)
+        views.append(dead_view)
+        dead_view.select.value = (dead.id,)
+        assert "cannot be read" in dead_view.traceback.value
+        frame = q.limits().set_index("key")
+        assert frame.loc["bad", "damaged"] == "its concurrency is 'x', not integer"
+        assert pd.isna(frame.loc["good", "damaged"]) and frame.loc["good", "concurrency"] == 3
+
+
+def test_a_job_whose_limits_are_not_json_leaves_the_board_standing(
+    queue: Queue, queue_target: str, board_of: Any
+) -> None:
+    queue.limit("openai", concurrency=4)
+    task = queue.task(name="views.limited", limits={"openai": 1})(lambda: None)
+    bad, good = task.enqueue(), task.enqueue()
+    behind_its_back(queue_target, "UPDATE nbqueue_jobs SET limits = %s WHERE id = %s", "{not json", bad.id)
+    board = board_of(chart=False)
+    for _ in range(6):  # the timer gave up after 5 failed refreshes
+        board.refresh()
+    assert pills(board)["pending"] == 2 and sorted(row_ids(board.table.value)) == [bad.id, good.id]
+    limits = html.unescape(board.limits_html.value)
+    if "://" in queue_target:  # PostgreSQL cannot read it as JSON at all: the line says so
+        assert "LIMITS</b>\xa0 cannot be read: StorageError" in limits
+    else:  # SQLite skips the column that is not JSON and counts the rest
+        assert "openai</b> · 0/4 in flight · 1 waiting" in limits
+
+
+def test_a_task_name_reaches_the_chart_as_plain_text(queue: Queue, board_of: Any) -> None:
+    """Dollar signs in a name are not mathtext (and never TeX): the chart is drawn, the name in it."""
+    task = queue.task(name="price $x^{$ total")(lambda n: n)
+    make(queue, "completed", task=task, payload=1)
+    board = board_of(chart=False)
+    board.draw_chart()
+    assert "<svg" in board.chart.value
+    assert "price $x^{$ total" in html.unescape(board.chart.value)
+
+
+def test_the_detail_pane_reads_a_preview_of_each_step_value(
+    queue: Queue, queue_target: str, board_of: Any
+) -> None:
+    """Step values may be megabytes (40 of 8 MB took 2.3 s per refresh, each read whole and
+    decoded): the pane reads the first characters of each, a finished job's only once."""
+    big = "x" * 1_000_000
+
+    @queue.task(name="views.big_steps")
+    def big_steps() -> int:
+        for i in range(3):
+            nbqueue.step(f"part{i}", lambda i=i: {"i": i, "text": big})
+        nbqueue.step("small", lambda: {"ünï": "cödé"})
+        return 1
+
+    job = big_steps.enqueue()
+    with queue.worker():
+        job.result(timeout=60)
+    previews = queue.manager.step_previews(job.id, 50)
+    assert [(row[0], len(row[1])) for row in previews[:3]] == [("part0", 50), ("part1", 50), ("part2", 50)]
+    assert previews[3][:2] == ("small", '{"\\u00fcn\\u00ef":"c\\u00f6d\\u00e9"}')  # small: whole
+    # Past the preview, the stored text is no longer JSON: a pane that decoded it whole would fail.
+    behind_its_back(
+        queue_target, "UPDATE nbqueue_steps SET value = value || %s WHERE name = 'part2'", " not json"
+    )
+    board = board_of(chart=False)
+    board.select(job.id)
+    detail = html.unescape(board.detail.value)
+    assert detail.count('{"i":0,"text":"xxxx') == 1 and detail.count('"text":"xxxx') == 3
+    assert detail.count("xxx... (q.steps(job) has it whole)") == 3
+    assert '{"ünï": "cödé"}' in detail
+    assert len(board.detail.value) < 20_000
+    behind_its_back(queue_target, "UPDATE nbqueue_steps SET value = %s WHERE name = 'small'", '"changed"')
+    queue.enqueue({"n": 1})  # the counts change: the pane is drawn again, the steps are not read
+    board.refresh()
+    assert '{"ünï": "cödé"}' in html.unescape(board.detail.value)
+    whole = queue.steps(job)  # on request: each value whole, the damaged one as the text stored
+    assert whole.loc[0, "value"] == {"i": 0, "text": big} and whole.loc[2, "value"].endswith("} not json")

@@ -373,3 +373,59 @@ def test_a_database_created_by_the_cli_is_owner_only(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert mode(path) == 0o600
+
+
+def test_a_planted_world_writable_queue_file_is_made_owner_only_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "jobs.db"
+    with Queue(path) as q:
+        q.enqueue({"n": 1})
+    planted = [path, Path(f"{path}-wal")]
+    planted[1].touch()  # a -wal file planted beside it, as open to anyone
+    for file in planted:
+        file.chmod(0o666)
+    with caplog.at_level("WARNING", logger="nbqueue.storage"), Queue(path) as q:
+        assert q.counts()["pending"] == 1
+        assert [mode(file) for file in planted] == [0o600, 0o600]
+    said = [r.getMessage() for r in caplog.records if r.name == "nbqueue.storage"]
+    assert said == [f"{file} was writable by anyone (mode 666): made owner-only (0600)" for file in planted]
+    path.chmod(0o660)  # shared with the group on purpose: left as it is, nothing said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nbqueue.storage"), Queue(path) as q:
+        assert q.counts()["pending"] == 1
+    assert mode(path) == 0o660 and not caplog.records
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting a file of another user takes root")
+def test_a_world_writable_queue_file_of_another_user_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    Queue(path).close()
+    os.chown(path, 65534, 65534)  # nobody's: they may loosen it again at any time
+    path.chmod(0o666)
+    with pytest.raises(nbqueue.StorageError, match="writable by anyone and owned by another user"):
+        Queue(path)
+    assert mode(path) == 0o666
+
+
+@pytest.mark.slow
+def test_executed_notebooks_and_their_folder_are_owner_only_whatever_the_umask(tmp_path: Path) -> None:
+    from tests.test_notebook_jobs import write_notebook
+
+    notebook = write_notebook(tmp_path / "report.ipynb", "secret = 'token'")
+    fresh = tmp_path / "fresh"
+    old = os.umask(0o022)  # the usual umask: files 0644, folders 0755 unless made otherwise
+    try:
+        with Queue(tmp_path / "queue.db") as q:
+            new = q.enqueue_notebook(notebook, outputs=("ipynb", "html"), output_dir=fresh)
+            again = q.enqueue_notebook(notebook)
+            earlier = tmp_path / "nbqueue-notebooks" / f"report-{again.id}.ipynb"
+            earlier.parent.mkdir()  # an earlier run's notebook, as open as the umask made it
+            earlier.write_text("{}")
+            with q.worker(allow_code=True):
+                made, rewritten = new.result(timeout=120), again.result(timeout=120)
+    finally:
+        os.umask(old)
+    assert Path(rewritten["notebook"]) == earlier and "token" in earlier.read_text()
+    assert mode(fresh) == 0o700
+    assert [mode(Path(p)) for p in (made["notebook"], made["html"], earlier)] == [0o600] * 3

@@ -52,6 +52,19 @@ def _classes() -> list[type[BaseException]]:
     return found
 
 
+def _wrapped(instance: object, network: type) -> bool:
+    """The network failures urllib and aiohttp wrap in a broader error."""
+    urllib_error = sys.modules.get("urllib.error")
+    if urllib_error is not None and isinstance(instance, urllib_error.URLError):
+        # URLError(reason) wraps a refused or reset connection; HTTPError is an answer.
+        return not isinstance(instance, urllib_error.HTTPError) and isinstance(instance.reason, network)
+    aiohttp, parser = sys.modules.get("aiohttp"), sys.modules.get("aiohttp.http_exceptions")
+    if aiohttp is not None and parser is not None and isinstance(instance, aiohttp.ClientResponseError):
+        # An answer that was not HTTP: aiohttp reports it as a "400" caused by its parser's error.
+        return isinstance(instance.__cause__, parser.HttpProcessingError)
+    return False
+
+
 class _NetworkErrorsType(type):
     """The metaclass whose checks look at the libraries imported at the moment of asking."""
 
@@ -60,12 +73,7 @@ class _NetworkErrorsType(type):
             return True
         if isinstance(instance, BaseExceptionGroup) and instance.exceptions:  # asyncio.TaskGroup's
             return all(isinstance(member, cls) for member in instance.exceptions)
-        # urllib wraps a refused or reset connection in URLError(reason); HTTPError is an answer.
-        urllib_error = sys.modules.get("urllib.error")
-        if urllib_error is not None and isinstance(instance, urllib_error.URLError):
-            reason = getattr(instance, "reason", None)
-            return not isinstance(instance, urllib_error.HTTPError) and isinstance(reason, cls)
-        return False
+        return _wrapped(instance, cls)
 
     def __subclasscheck__(cls, subclass: type) -> bool:
         return subclass is cls or issubclass(subclass, tuple(_classes()))

@@ -146,4 +146,5 @@ def group_line(group: BaseExceptionGroup[BaseException], shown: int = 5) -> str:
         " ".join("".join(traceback.format_exception_only(leaf)).split())[:300] for leaf in leaves[:shown]
     )
     more = f"; and {len(leaves) - shown} more" if len(leaves) > shown else ""
-    return f"{type(group).__name__}: {group.message} ({len(leaves)} errors): {members}{more}"
+    count = f"{len(leaves)} error{'s' if len(leaves) != 1 else ''}"
+    return f"{type(group).__name__}: {group.message} ({count}): {members}{more}"

@@ -260,7 +260,9 @@ def _snooze(value: Any, name: str) -> RetryAfter | None:
     if not isinstance(value, dict) or set(value) != {"seconds", "reason", "pause"}:
         raise _BadMessage(f"{name} is not a snooze: {str(value)[:200]}")
     try:
-        return RetryAfter(value["seconds"], _text(value["reason"], name), pause_limits=_flag(value["pause"], name))
+        return RetryAfter(
+            value["seconds"], _text(value["reason"], name), pause_limits=_flag(value["pause"], name)
+        )
     except InvalidArgument as exc:
         raise _BadMessage(f"{name}: {exc}") from None
 

@@ -79,7 +79,7 @@ class _NetworkErrorsType(type):
         return subclass is cls or issubclass(subclass, tuple(_classes()))
 
 
-class NETWORK_ERRORS(Exception, metaclass=_NetworkErrorsType):  # noqa: N801 - a constant to users
+class NETWORK_ERRORS(Exception, metaclass=_NetworkErrorsType):  # a class, used like a constant
     """Matches the network errors of openai, anthropic, httpx, requests, aiohttp, urllib and the
     builtins (connection refused or reset, timeouts, protocol errors), looking only at the
     libraries already imported. Use it in `retry_on=` / `give_up_on=` or with isinstance;

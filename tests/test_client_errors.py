@@ -187,14 +187,18 @@ def call_openai(base: str, mode: str) -> Any:
 
     async def ask() -> str:
         async with client:
-            done = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            done = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
         return str(done.choices[0].message.content)
 
     return ask()
 
 
 def call_anthropic(base: str, mode: str) -> str:
-    with anthropic.Anthropic(base_url=f"{base}/{mode}", api_key="k", max_retries=0, timeout=TIMEOUT) as client:
+    with anthropic.Anthropic(
+        base_url=f"{base}/{mode}", api_key="k", max_retries=0, timeout=TIMEOUT
+    ) as client:
         done = client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
     return str(done.content[0].text)  # type: ignore[union-attr]
 
@@ -225,7 +229,7 @@ async def call_aiohttp(base: str, mode: str) -> str:
 
 
 def call_urllib(base: str, mode: str) -> str:
-    with urllib.request.urlopen(f"{base}/{mode}", timeout=TIMEOUT) as answer:  # noqa: S310 - 127.0.0.1
+    with urllib.request.urlopen(f"{base}/{mode}", timeout=TIMEOUT) as answer:
         return str(json.load(answer)["choices"][0]["message"]["content"])
 
 
@@ -275,7 +279,9 @@ def test_every_client_s_network_errors_are_network_errors(server: Server, client
 def test_network_errors_match_no_answer_and_no_other_error() -> None:
     assert not isinstance(ValueError("x"), NETWORK_ERRORS)
     assert not isinstance(urllib.error.URLError("unknown url type: ftp2"), NETWORK_ERRORS)
-    assert issubclass(httpx.ConnectError, NETWORK_ERRORS) and issubclass(openai.APITimeoutError, NETWORK_ERRORS)
+    assert issubclass(httpx.ConnectError, NETWORK_ERRORS) and issubclass(
+        openai.APITimeoutError, NETWORK_ERRORS
+    )
     assert not issubclass(openai.RateLimitError, NETWORK_ERRORS) and not issubclass(KeyError, NETWORK_ERRORS)
     reset = ConnectionResetError("reset")
     assert isinstance(ExceptionGroup("all network", [reset, TimeoutError()]), NETWORK_ERRORS)
@@ -301,7 +307,9 @@ assert not [m for m in clients if m in sys.modules], [m for m in clients if m in
 import httpx
 assert isinstance(httpx.ConnectError("refused"), nbqueue.NETWORK_ERRORS)
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -436,3 +444,73 @@ def test_a_task_group_s_429_snoozes_and_its_error_is_readable(
     assert (done.retries, done.snoozes) == (0, 1)
     last = (queue.get(bad.id).error or "").strip().splitlines()[-1]
     assert last.startswith("ExceptionGroup: unhandled errors in a TaskGroup (1 error): httpx.ConnectError: ")
+
+
+def _ask_openai(url: str) -> Any:
+    """The SDK's response object, as a step might carelessly return it."""
+    with openai.OpenAI(base_url=f"{url}/ok/v1", api_key="k", max_retries=0, timeout=TIMEOUT) as client:
+        return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+
+async def _ask_openai_async(url: str) -> Any:
+    client = openai.AsyncOpenAI(base_url=f"{url}/ok/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
+    async with client:
+        return await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_step_value_that_is_not_json_is_dead_at_once(
+    make_queue: Callable[..., Queue], server: Server, kind: str
+) -> None:
+    """The call was made (and billed); a retry would only pay for it again."""
+    queue = make_queue(backoff=NOW)
+    url = server.url
+
+    @queue.task(name="clients.careless_sync", max_retries=3)
+    def careless_sync() -> str:
+        return str(nbqueue.step("ask", _ask_openai, url))
+
+    @queue.task(name="clients.careless_async", max_retries=3)
+    async def careless_async() -> str:
+        return str(await nbqueue.step("ask", _ask_openai_async, url))
+
+    job = (careless_sync if kind == "sync" else careless_async).enqueue()
+    with queue.worker(lease=10), pytest.raises(nbqueue.JobFailed, match="not JSON"):
+        job.result(timeout=20)
+    done = queue.get(job.id)
+    assert (done.status, done.attempts, done.retries) == ("dead", 1, 0)
+    assert "the value of step 'ask' is a openai.types.chat.chat_completion.ChatCompletion" in (
+        done.error or ""
+    )
+    assert "Unretryable" in (done.error or "")
+    assert server.requests["ok"] == 1  # called once, never again
+    assert queue.steps(job).empty  # nothing recorded
+
+
+def _process_job(url: str, what: str) -> Any:
+    """A process-mode handler: the error is decided in the child, where it is still an object."""
+    if what == "step":
+        return nbqueue.step("ask", _ask_openai, url)
+    return call_httpx(url, "ok")
+
+
+@pytest.mark.slow  # each child imports the clients again
+def test_process_mode_snoozes_and_gives_up_like_threads(
+    make_queue: Callable[..., Queue], server: Server
+) -> None:
+    queue = make_queue(backoff=NOW)
+    queue.limit("api", concurrency=10)
+    task = queue.task(name="clients.process", max_retries=3, limits=["api"])(_process_job)
+    server.script.append("429-ms")
+    snoozed = task.enqueue(server.url, "call")
+    with queue.worker(lease=10, mode="process"):
+        wait_until(lambda: queue.get(snoozed.id).snoozes == 1, 20, "the child's 429 snoozing the job")
+        assert queue.limits().set_index("key").loc["api", "paused_until"] is not None
+        assert snoozed.result(timeout=30) == "hi"
+        careless = task.enqueue(server.url, "step")
+        with pytest.raises(nbqueue.JobFailed, match="not JSON"):
+            careless.result(timeout=30)
+    assert (queue.get(snoozed.id).retries, queue.get(snoozed.id).snoozes) == (0, 1)
+    done = queue.get(careless.id)
+    assert (done.status, done.attempts) == ("dead", 1)
+    assert server.requests["ok"] == 2  # the snoozed job's second call, the careless step's one

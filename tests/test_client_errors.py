@@ -36,6 +36,7 @@ import requests
 
 import nbqueue
 from nbqueue import NETWORK_ERRORS, Backoff, Queue
+from nbqueue.payload import error_text
 from nbqueue.retry import retry_after
 from tests.helpers import wait_until
 
@@ -487,26 +488,25 @@ def test_a_step_value_that_is_not_json_is_dead_at_once(
     assert queue.steps(job).empty  # nothing recorded
 
 
-def _process_job(url: str, what: str) -> Any:
-    """A process-mode handler: the error is decided in the child, where it is still an object."""
-    if what == "step":
-        return nbqueue.step("ask", _ask_openai, url)
-    return call_httpx(url, "ok")
-
-
-@pytest.mark.slow  # each child imports the clients again
+@pytest.mark.slow  # a child process per run
 def test_process_mode_snoozes_and_gives_up_like_threads(
     make_queue: Callable[..., Queue], server: Server
 ) -> None:
     queue = make_queue(backoff=NOW)
     queue.limit("api", concurrency=10)
-    task = queue.task(name="clients.process", max_retries=3, limits=["api"])(_process_job)
+
+    def in_child(url: str, what: str) -> Any:  # defined here: sent by value, the child imports httpx only
+        if what == "step":  # an httpx.Response: not JSON
+            return nbqueue.step("ask", httpx.get, f"{url}/ok", timeout=TIMEOUT)
+        return httpx.get(f"{url}/ok", timeout=TIMEOUT).raise_for_status().json()["choices"][0]["index"]
+
+    task = queue.task(name="clients.process", max_retries=3, limits=["api"])(in_child)
     server.script.append("429-ms")
     snoozed = task.enqueue(server.url, "call")
     with queue.worker(lease=10, mode="process"):
         wait_until(lambda: queue.get(snoozed.id).snoozes == 1, 20, "the child's 429 snoozing the job")
         assert queue.limits().set_index("key").loc["api", "paused_until"] is not None
-        assert snoozed.result(timeout=30) == "hi"
+        assert snoozed.result(timeout=30) == 0
         careless = task.enqueue(server.url, "step")
         with pytest.raises(nbqueue.JobFailed, match="not JSON"):
             careless.result(timeout=30)
@@ -514,3 +514,15 @@ def test_process_mode_snoozes_and_gives_up_like_threads(
     done = queue.get(careless.id)
     assert (done.status, done.attempts) == ("dead", 1)
     assert server.requests["ok"] == 2  # the snoozed job's second call, the careless step's one
+
+
+def test_an_exception_group_s_stored_error_ends_in_its_members_messages() -> None:
+    inner = ExceptionGroup("inner", [KeyError("k"), ValueError("two\nlines")])
+    group = ExceptionGroup("outer", [inner, *(OSError(f"e{i}") for i in range(5))])
+    text = error_text(group)
+    last = text.splitlines()[-1]
+    assert "+---" in text.splitlines()[-2]  # the frame art is kept above it
+    assert last == (
+        "ExceptionGroup: outer (7 errors): KeyError: 'k'; ValueError: two lines; OSError: e0; "
+        "OSError: e1; OSError: e2; and 2 more"
+    )

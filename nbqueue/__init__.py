@@ -29,6 +29,7 @@ from .errors import (
     WaitTimeout,
 )
 from .jobs import Job, Progress, State, Verdict
+from .network import NETWORK_ERRORS
 from .notebooks import CellFailed, NotebookError, output
 from .queue import Queue
 from .retry import Backoff, RetryAfter
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 logging.getLogger("nbqueue").addHandler(logging.NullHandler())
 
 __all__ = [
+    "NETWORK_ERRORS",
     "Backoff",
     "Cancelled",
     "CellFailed",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import payload as payload_json
-from .errors import InvalidArgument, LeaseLost, NbqueueError
+from .errors import InvalidArgument, LeaseLost, NbqueueError, PayloadError, Unretryable
 from .jobs import Job
 from .payload import error_text
 
@@ -82,7 +82,16 @@ class StepBook:
     def keep(self, name: str, value: Any, started_us: int) -> Any:
         """Record a step's value under the lease; returns the value stored (a parallel twin's
         if it was first), as JSON gives it back, like every later run gets it."""
-        stored = self.write(name, payload_json.dumps(value, f"the value of step {name!r}"), None, started_us)
+        try:
+            text = payload_json.dumps(value, f"the value of step {name!r}")
+        except PayloadError as exc:  # checked before it is kept: a retry would pay for the call again
+            why = (
+                f"{exc}; nothing was recorded, and the job is dead without a retry (a retry would "
+                "call the step again and get the same kind of value): return a JSON value from the "
+                "step, e.g. response.model_dump() or the text you need"
+            )
+            raise Unretryable(why) from None
+        stored = self.write(name, text, None, started_us)
         if stored is None:
             raise LeaseLost(
                 f"cannot record step {name!r} of job {self.job_id}: its claim is gone (timed out, "

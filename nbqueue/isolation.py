@@ -49,7 +49,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from enum import StrEnum
 from multiprocessing import forkserver
@@ -60,7 +59,9 @@ import cloudpickle
 from . import payload as payload_json
 from .capture import tail
 from .context import JobContext, StepBook, running
+from .errors import InvalidArgument, Unretryable
 from .jobs import Job
+from .retry import RetryAfter, retry_after
 
 log = logging.getLogger("nbqueue.worker")
 
@@ -191,7 +192,10 @@ def _ended(job: Job, kind: str, body: dict[str, Any]) -> Outcome:
     if kind == "returned":
         return Outcome(Ending.RETURNED, body["result"], body["output"])
     if kind == "raised":
-        return Outcome(Ending.RAISED, body["error"], body["output"])
+        snooze = body["snooze"]
+        if snooze is not None:  # a RetryAfter or an HTTP 429/503 in the child: a snooze here too
+            return Outcome(Ending.RAISED, snooze, body["output"])
+        return Outcome(Ending.RAISED, body["error"], body["output"], retry=not body["final"])
     return Outcome(Ending.RAISED, _unshippable(job, body["error"]), retry=False)
 
 
@@ -225,7 +229,7 @@ def _decode(data: bytes) -> tuple[str, dict[str, Any]]:
         "progress": {"done": _number, "total": _number_or_none, "message": _text},
         "step": {"name": _text, "value": _json_or_none, "error": _text_or_none, "started": _number},
         "returned": {"result": _result, "output": _text_or_none},
-        "raised": {"error": _text, "output": _text_or_none},
+        "raised": {"error": _text, "output": _text_or_none, "final": _flag, "snooze": _snooze},
         "unloadable": {"error": _text},
     }.get(kind)  # type: ignore[arg-type]
     if fields is None or set(message) != {"kind", *fields}:
@@ -241,6 +245,26 @@ def _number(value: Any, name: str) -> float:
 
 def _number_or_none(value: Any, name: str) -> float | None:
     return None if value is None else _number(value, name)
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise _BadMessage(f"{name} is not true or false: {value!r}")
+    return value
+
+
+def _snooze(value: Any, name: str) -> RetryAfter | None:
+    """The child's snooze ({seconds, reason, pause}) as a RetryAfter, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"seconds", "reason", "pause"}:
+        raise _BadMessage(f"{name} is not a snooze: {str(value)[:200]}")
+    try:
+        return RetryAfter(
+            value["seconds"], _text(value["reason"], name), pause_limits=_flag(value["pause"], name)
+        )
+    except InvalidArgument as exc:
+        raise _BadMessage(f"{name}: {exc}") from None
 
 
 def _text(value: Any, name: str) -> str:
@@ -307,8 +331,17 @@ def _child(send: Any, answers: Any, shipped: bytes) -> None:
                     value = asyncio.run(value)
             post("returned", result=payload_json.dumps(value, "result"), output=tail(buffer.getvalue()))
         except BaseException as exc:  # the job's failure, reported to the parent
-            text = "".join(traceback.format_exception(exc)).rstrip()
-            post("raised", error=text, output=tail(buffer.getvalue()))
+            # Decided here, where the error is still an object: the parent gets only its text.
+            snooze = retry_after(exc)
+            post(
+                "raised",
+                error=payload_json.error_text(exc),
+                output=tail(buffer.getvalue()),
+                final=isinstance(exc, Unretryable),
+                snooze=None
+                if snooze is None
+                else {"seconds": snooze.seconds, "reason": str(snooze), "pause": snooze.pause_limits},
+            )
     except BaseException:  # the pipe is gone: the parent sees the exit
         pass
     finally:

@@ -122,7 +122,29 @@ def check_output(output: object) -> str | None:
 def error_text(error: str | BaseException) -> str:
     """An error as stored: an exception's whole traceback, or the text given."""
     if isinstance(error, BaseException):
-        return "".join(traceback.format_exception(error)).rstrip()
+        text = "".join(traceback.format_exception(error)).rstrip()
+        if isinstance(error, BaseExceptionGroup):  # its traceback ends in frame art, not a message
+            text += "\n" + group_line(error)
+        return text
     if not isinstance(error, str):
         raise InvalidArgument(f"error must be a string or an exception, not {type(error).__name__}")
     return error
+
+
+def group_line(group: BaseExceptionGroup[BaseException], shown: int = 5) -> str:
+    """One line naming an exception group and its members' messages (nested groups flattened),
+    so the last line of a stored error says what went wrong."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        current = pending.pop(0)
+        if isinstance(current, BaseExceptionGroup):
+            pending[:0] = current.exceptions
+        else:
+            leaves.append(current)
+    members = "; ".join(
+        " ".join("".join(traceback.format_exception_only(leaf)).split())[:300] for leaf in leaves[:shown]
+    )
+    more = f"; and {len(leaves) - shown} more" if len(leaves) > shown else ""
+    count = f"{len(leaves)} error{'s' if len(leaves) != 1 else ''}"
+    return f"{type(group).__name__}: {group.message} ({count}): {members}{more}"

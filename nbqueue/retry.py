@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -79,66 +80,86 @@ class RetryAfter(Exception):  # raised by a job to ask for a later run: not an n
 
 
 MAX_SNOOZE = 7 * 86400.0  # a server asking for more than a week is not to be believed
-SNOOZE_STATUSES = (429, 503)
+MIN_HTTP_SNOOZE = 1.0  # "Retry-After: 0" answered at once, a hundred times over, is no pause at all
+SNOOZE_STATUSES = (429, 503, 529)  # 529: Anthropic's "overloaded"
 
 
 def retry_after(error: BaseException, now: datetime | None = None) -> RetryAfter | None:
-    """The snooze an error asks for: a RetryAfter, or an HTTP 429/503 with a delay header.
+    """The snooze an error asks for: a RetryAfter, or an HTTP 429/503/529 with a delay header.
 
-    The response is looked for where httpx, requests and the OpenAI and Anthropic clients
-    put it (`error.response.status_code`, `error.response.headers`), on the error or on
-    what caused it. `retry-after-ms`, then `Retry-After` (seconds or an HTTP date), are
-    read; a 429/503 that names no delay is not a snooze (it fails, and is retried by its
-    backoff). A snooze from an HTTP response pauses the job's limit keys.
+    The status and headers are looked for where the clients put them: on the error's
+    response (`error.response.status_code` / `.status`, `.headers`: httpx, requests, OpenAI,
+    Anthropic) or on the error itself (`err.status` / `err.code`, `err.headers`: aiohttp's
+    ClientResponseError, urllib's HTTPError); on the error, each member of an exception
+    group (asyncio.TaskGroup), and what caused each. `retry-after-ms`, then `Retry-After`
+    (seconds or an HTTP date), are read, and a delay below one second counts as one second;
+    a 429/503 that names no delay is not a snooze (it fails, and is retried by its backoff).
+    A snooze from an HTTP response pauses the job's limit keys.
     """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in _related(error):
         if isinstance(current, RetryAfter):
             return current
-        delay = _http_delay(getattr(current, "response", None), now)
-        if delay is not None:
-            return RetryAfter(
-                delay, f"HTTP {_status(current)}: the server asked to wait {delay:g} s", pause_limits=True
-            )
-        current = current.__cause__ or current.__context__
+        for source in (getattr(current, "response", None), current):
+            status, delay = _http_delay(source, now)
+            if delay is not None:
+                asked = f"HTTP {status}: the server asked to wait {delay:g} s"
+                if delay < MIN_HTTP_SNOOZE:
+                    asked += f"; waiting {MIN_HTTP_SNOOZE:g} s, the least"
+                return RetryAfter(max(delay, MIN_HTTP_SNOOZE), asked, pause_limits=True)
     return None
 
 
-def _status(error: BaseException) -> int | None:
-    response = getattr(error, "response", None)
-    status = getattr(response, "status_code", None) or getattr(response, "status", None)
-    return status if isinstance(status, int) else None
+def _related(error: BaseException) -> Iterator[BaseException]:
+    """The error, then (depth first) each member of a group and what caused each, once each."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [error]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        cause = current.__cause__ or current.__context__
+        following = list(current.exceptions) if isinstance(current, BaseExceptionGroup) else []
+        stack.extend(reversed([*following, *([cause] if cause is not None else [])]))
 
 
-def _http_delay(response: Any, now: datetime | None) -> float | None:
-    status = getattr(response, "status_code", None) or getattr(response, "status", None)
+def _status(source: Any) -> int | None:
+    for name in ("status_code", "status", "code"):
+        value = getattr(source, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _http_delay(source: Any, now: datetime | None) -> tuple[int | None, float | None]:
+    """(status, seconds to wait) from a response or an HTTP error; seconds is None if none asked."""
+    status = _status(source)
     if status not in SNOOZE_STATUSES:
-        return None
-    headers = getattr(response, "headers", None)
+        return status, None
+    headers = getattr(source, "headers", None)
     if headers is None or not hasattr(headers, "get"):
-        return None
+        return status, None
     text = headers.get("retry-after-ms") or headers.get("Retry-After-Ms")
     if text is not None:
         try:
-            return _bounded(float(text) / 1000)
+            return status, _bounded(float(text) / 1000)
         except (TypeError, ValueError):
             pass
     text = headers.get("retry-after") or headers.get("Retry-After")
     if text is None:
-        return None
+        return status, None
     try:
-        return _bounded(float(text))
+        return status, _bounded(float(text))
     except (TypeError, ValueError):
         pass
     try:
         when = parsedate_to_datetime(str(text))
     except (TypeError, ValueError, IndexError):
-        return None
+        return status, None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return _bounded((when - (now or datetime.now(UTC))).total_seconds())
+    return status, _bounded((when - (now or datetime.now(UTC))).total_seconds())
 
 
 def _bounded(seconds: float) -> float | None:

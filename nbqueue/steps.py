@@ -15,6 +15,9 @@ recorded once per job (a second call with the same name gets the first value). A
 
 A stale worker (its lease gone) cannot record a step: `step` raises LeaseLost instead. A
 step that raises is recorded as failed (for `q.steps`) and is called again on the next run.
+A value that is not JSON (an SDK's response object, say) is checked before anything is
+recorded and makes the job dead at once (Unretryable): a retry would pay for the call again
+and get the same kind of value.
 
 The one window that can repeat a side effect: `fn` returned, and the process died before
 its value was recorded (a crash between the two). The next run calls `fn` again, so a step
@@ -46,7 +49,8 @@ def step(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
 
     Raises:
         InvalidArgument: the name is not text, or `fn` is not callable.
-        PayloadError: the value is not JSON (nothing is recorded).
+        Unretryable: the value is not JSON (nothing is recorded, and the job is dead at once: a
+            retry would only pay for the call again).
         LeaseLost: the job's claim ended meanwhile; the value is not kept.
     """
     check_name(name)

@@ -151,7 +151,7 @@ def test_a_429_with_an_http_date_pauses_the_key_and_spends_no_attempt(queue: Que
         (429, {"retry-after": "7"}, 7.0),
         (503, {"Retry-After": "2.5"}, 2.5),
         (429, {"retry-after-ms": "1500", "retry-after": "9"}, 1.5),
-        (429, {"retry-after": "-5"}, 0.0),
+        (429, {"retry-after": "-5"}, 1.0),  # below one second counts as one second
         (429, {}, None),  # no delay named: an ordinary failure
         (500, {"retry-after": "7"}, None),  # not a 429 or 503
         (429, {"retry-after": "soon"}, None),

@@ -29,7 +29,7 @@ PER = {"s": 1.0, "m": 60.0, "h": 3600.0}
 # The slowest rate a limit may have (1/h): with units and burst each under MAX_UNITS, a key's
 # TAT then stays within a signed 64-bit integer (the claim's arithmetic, both backends).
 MIN_RATE = 1 / 3600
-MAX_TAT = 2**63 - 1  # µs: the largest TAT either backend can store
+MAX_TAT = 2**63  # µs: every TAT stays below it (a signed 64-bit integer, on either backend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,10 @@ def read_state(row: Sequence[Any], in_flight: int) -> KeyState:
     for value, what in ((tat, "TAT"), (paused_until, "pause")):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidArgument(f"limit {key!r} as stored has a {what} that is no time: {value!r:.60}")
-    return KeyState(Limit(key, concurrency, rate, burst), tat or 0, paused_until, in_flight)
+    limit = Limit(key, concurrency, rate, burst)
+    if limit.rate is not None and not math.isfinite(1e6 / limit.rate):
+        raise InvalidArgument(f"rate of limit {key!r} is too small to space starts: {limit.rate!r}")
+    return KeyState(limit, tat or 0, paused_until, in_flight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,12 +147,13 @@ def admit(wanted: Mapping[str, int], states: Mapping[str, KeyState], now_us: int
             tat = max(state.tat, now_us)
             if tat - now_us > limit.burst * interval + 0.5:
                 return None
-            tats[key] = round(tat + amount * interval)
-            if tats[key] > MAX_TAT:  # only a row written by hand gets here: Queue.limit bounds the rate
+            after = tat + amount * interval
+            if not after < MAX_TAT:  # only a row written by hand gets here: Queue.limit bounds the rate
                 raise InvalidArgument(
                     f"limit {key!r}: {amount:,} units at {limit.rate_text} would schedule its next "
                     "start beyond what a 64-bit clock holds"
                 )
+            tats[key] = round(after)
     return Admission(tats)
 
 

@@ -370,7 +370,8 @@ class JobManager:
             try:
                 keys[str(row[0])] = limits.read_state(row, held.get(str(row[0]), 0))
             except Exception as exc:  # a hand-written row: only its own jobs are stopped
-                broken[str(row[0])] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                kind = "" if isinstance(exc, NbqueueError) else f"{type(exc).__name__}: "
+                broken[str(row[0])] = f"{kind}{str(exc)[:200]}"
         opening = []
         for job_id, wanted in heads:
             if not wanted:
@@ -389,13 +390,14 @@ class JobManager:
                             f"set it again with q.limit({key!r}, ...) and requeue the job"
                         )
                 admission = limits.admit(asked, keys, now_us)
+                if admission is None:
+                    opening.append(limits.opens_at(asked, keys, now_us))
             except NbqueueError as exc:
                 unfit[job_id] = f"job {job_id} cannot start under its limits: {exc}"
                 return job_id, {}
             if admission is not None:
                 self._limits_open_at = None
                 return job_id, admission.tats
-            opening.append(limits.opens_at(asked, keys, now_us))
         self._limits_open_at = min((at for at in opening if at is not None), default=None)
         return None
 

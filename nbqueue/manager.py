@@ -380,7 +380,7 @@ class JobManager:
             try:
                 asked = read_stored(wanted)
             except NbqueueError as exc:
-                unfit[job_id] = f"job {job_id}: its stored row cannot be read (limits: {exc})"
+                unfit[job_id] = f"job {job_id}: its stored row cannot be read (its limits column: {exc})"
                 return job_id, {}
             try:
                 for key in asked:

@@ -70,9 +70,9 @@ def run_around(q: Queue, done: Callable[[], bool], what: str, concurrency: int =
 ROWS = [
     ("sqlite", "payload", "blob", "cannot be read"),
     ("sqlite", "signature", "blob", "cannot be read"),
-    *[(b, "limits", "not json", "limits") for b in ("sqlite", "postgres")],
-    *[(b, "limits", '{"k": "x"}', "limits") for b in ("sqlite", "postgres")],
-    *[(b, "limits", "[1, 2]", "limits") for b in ("sqlite", "postgres")],
+    *[(b, "limits", "not json", "limits column") for b in ("sqlite", "postgres")],
+    *[(b, "limits", '{"k": "x"}', "limits column") for b in ("sqlite", "postgres")],
+    *[(b, "limits", "[1, 2]", "limits column") for b in ("sqlite", "postgres")],
 ]
 
 

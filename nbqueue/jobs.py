@@ -432,13 +432,15 @@ def from_row(row: Sequence[Any]) -> Job:
             beyond reason, a state or backoff that does not exist): never pickle,
             never eval, and never a raw error from deep inside a decoder.
     """
+    from .options import read_stored  # noqa: PLC0415 - options imports this module (via dependencies)
+
     try:
         return Job(
             id=int(row[0]),
             status=State(row[1]),
             queue=str(row[2]),
             task=None if row[3] is None else str(row[3]),
-            payload=json.loads(row[4]),
+            payload=json.loads(_required_text(row[4])),
             priority=_integer(row[5]),
             key=_text(row[6]),
             retries=_integer(row[7]),
@@ -459,8 +461,8 @@ def from_row(row: Sequence[Any]) -> Job:
             progress_done=row[22],
             progress_total=row[23],
             progress_message=_text(row[24]),
-            signature=row[25],
-            limits=json.loads(row[26]) if row[26] else {},
+            signature=_text(row[25]),
+            limits=read_stored(row[26]),
             snoozes=_integer(row[27]),
             parents_left=_integer(row[28]),
             when=_text(row[29]),
@@ -502,6 +504,13 @@ def listed(row: Sequence[Any]) -> Job:
         created_at=moment(row[12]),
         updated_at=moment(row[13]),
     )
+
+
+def _required_text(value: Any) -> str:
+    """A text column (a BLOB there would reach the signature check and the claim as bytes)."""
+    if not isinstance(value, str):
+        raise TypeError(f"expected a text column, found {type(value).__name__}")
+    return value
 
 
 def _integer(value: Any) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,10 @@ from .errors import InvalidArgument
 from .options import MAX_UNITS, check_name
 
 PER = {"s": 1.0, "m": 60.0, "h": 3600.0}
+# The slowest rate a limit may have (1/h): with units and burst each under MAX_UNITS, a key's
+# TAT then stays within a signed 64-bit integer (the claim's arithmetic, both backends).
+MIN_RATE = 1 / 3600
+MAX_TAT = 2**63  # µs: every TAT stays below it (a signed 64-bit integer, on either backend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +46,19 @@ class Limit:
         if self.concurrency is not None and (
             isinstance(self.concurrency, bool)
             or not isinstance(self.concurrency, int)
-            or self.concurrency < 1
+            or not 1 <= self.concurrency <= MAX_UNITS
         ):
-            raise InvalidArgument(f"concurrency of limit {self.key!r} must be a whole number >= 1")
-        if self.rate is not None and not (math.isfinite(self.rate) and self.rate > 0):
-            raise InvalidArgument(f"rate of limit {self.key!r} must be above 0")
+            raise InvalidArgument(
+                f"concurrency of limit {self.key!r} must be a whole number from 1 to {MAX_UNITS:,}, "
+                f"not {self.concurrency!r}"
+            )
+        if self.rate is not None and not (
+            isinstance(self.rate, int | float)
+            and not isinstance(self.rate, bool)
+            and math.isfinite(self.rate)
+            and self.rate > 0
+        ):
+            raise InvalidArgument(f"rate of limit {self.key!r} must be above 0, not {self.rate!r}")
         if (
             isinstance(self.burst, bool)
             or not isinstance(self.burst, int | float)
@@ -80,7 +92,10 @@ def parse_rate(text: str) -> float:
     amount = float(match.group(1))
     if amount <= 0:
         raise InvalidArgument(f"rate {text!r} must be above 0")
-    return amount / PER[match.group(2)[0]]
+    per_second = amount / PER[match.group(2)[0]]
+    if per_second < MIN_RATE * (1 - 1e-12):
+        raise InvalidArgument(f"rate {text!r} is slower than 1/h, the slowest rate a limit can pace")
+    return per_second
 
 
 def format_rate(per_second: float) -> str:
@@ -92,6 +107,19 @@ def format_rate(per_second: float) -> str:
     return f"{per_second:g}/s"
 
 
+def read_state(row: Sequence[Any], in_flight: int) -> KeyState:
+    """A key's stored row (key, concurrency, rate, burst, tat, paused_until) as its KeyState;
+    InvalidArgument if the row holds what `Queue.limit` would refuse (a hand-written row)."""
+    key, concurrency, rate, burst, tat, paused_until = row
+    for value, what in ((tat, "TAT"), (paused_until, "pause")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidArgument(f"limit {key!r} as stored has a {what} that is no time: {value!r:.60}")
+    limit = Limit(key, concurrency, rate, burst)
+    if limit.rate is not None and not math.isfinite(1e6 / limit.rate):
+        raise InvalidArgument(f"rate of limit {key!r} is too small to space starts: {limit.rate!r}")
+    return KeyState(limit, tat or 0, paused_until, in_flight)
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     """A start that the limits allow: the keys' new TATs."""
@@ -100,7 +128,9 @@ class Admission:
 
 
 def admit(wanted: Mapping[str, int], states: Mapping[str, KeyState], now_us: int) -> Admission | None:
-    """May a job holding `wanted` units start now? If so, how the keys' TATs move."""
+    """May a job holding `wanted` units start now? If so, how the keys' TATs move.
+
+    Raises InvalidArgument if a key's new TAT would not fit a 64-bit integer."""
     tats: dict[str, int] = {}
     for key, amount in wanted.items():
         state = states.get(key)
@@ -117,7 +147,13 @@ def admit(wanted: Mapping[str, int], states: Mapping[str, KeyState], now_us: int
             tat = max(state.tat, now_us)
             if tat - now_us > limit.burst * interval + 0.5:
                 return None
-            tats[key] = round(tat + amount * interval)
+            after = tat + amount * interval
+            if not after < MAX_TAT:  # only a row written by hand gets here: Queue.limit bounds the rate
+                raise InvalidArgument(
+                    f"limit {key!r}: {amount:,} units at {limit.rate_text} would schedule its next "
+                    "start beyond what a 64-bit clock holds"
+                )
+            tats[key] = round(after)
     return Admission(tats)
 
 

@@ -10,6 +10,7 @@ worker and the job context all use this door; nothing above it touches storage.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ from .jobs import (
     sources,
     stored_backoff,
 )
-from .options import JobArgs, JobOptions, check_id, gate, stored
+from .options import JobArgs, JobOptions, check_id, gate, read_stored, stored
 from .payload import call_body, check_output, error_text
 from .retry import Backoff
 from .schedule import Cron, Every
@@ -320,13 +321,20 @@ class JobManager:
         request = mine(request)
         self._limits_open_at = None  # set again only if this claim's limits hold every job back
         for _ in range(BURY_RETRIES):
+            unfit: dict[int, str] = {}  # jobs whose limits cannot be weighed: taken to be buried
             if self._limits_matter(request.where):
-                row = self.storage.claim_limited(request, self.stamp(), self._choose)
+                row = self.storage.claim_limited(
+                    request, self.stamp(), functools.partial(self._choose, unfit=unfit)
+                )
             else:
                 row = self.storage.claim(request, self.stamp())
             if row is None:
                 return None
-            job = self._decode_claimed(row, request)
+            if int(row[0]) in unfit:
+                log.warning("%s: dead", unfit[int(row[0])])
+                self.storage.bury(int(row[0]), unfit[int(row[0])], self.stamp())
+                continue
+            job = self._decode_or_bury(row, request)
             if job is not None:
                 return job
         return None
@@ -343,32 +351,68 @@ class JobManager:
         return answer
 
     def _choose(
-        self, heads: list[tuple[int, str | None]], states: list[Row], running: list[Row], now_us: int
+        self,
+        heads: list[tuple[int, str | None]],
+        states: list[Row],
+        running: list[Row],
+        now_us: int,
+        unfit: dict[int, str],
     ) -> tuple[int, dict[str, int]] | None:
-        """The first candidate, in claim order, that its limits let start now (storage.Decide)."""
-        held = {str(key): int(units) for key, units in running}
-        keys = {
-            str(row[0]): limits.KeyState(
-                limits.Limit(str(row[0]), row[1], row[2], float(row[3] or 0)),
-                tat=int(row[4] or 0),
-                paused_until=None if row[5] is None else int(row[5]),
-                in_flight=held.get(str(row[0]), 0),
-            )
-            for row in states
-        }
+        """The first candidate, in claim order, that its limits let start now (storage.Decide).
+
+        A candidate whose limits cannot be weighed (its limits column, or a key's stored row,
+        holds what enqueue or `Queue.limit` would refuse) is taken, with why in `unfit`, to be
+        buried: the other jobs, and the other keys' jobs, go on."""
+        held = {str(key): int(units or 0) for key, units in running}
+        keys: dict[str, limits.KeyState] = {}
+        broken: dict[str, str] = {}  # key -> why its stored row cannot be used
+        for row in states:
+            try:
+                keys[str(row[0])] = limits.read_state(row, held.get(str(row[0]), 0))
+            except Exception as exc:  # a hand-written row: only its own jobs are stopped
+                kind = "" if isinstance(exc, NbqueueError) else f"{type(exc).__name__}: "
+                broken[str(row[0])] = f"{kind}{str(exc)[:200]}"
         opening = []
         for job_id, wanted in heads:
             if not wanted:
                 self._limits_open_at = None
                 return job_id, {}
-            asked = json.loads(wanted)
-            admission = limits.admit(asked, keys, now_us)
+            try:
+                asked = read_stored(wanted)
+            except NbqueueError as exc:
+                unfit[job_id] = f"job {job_id}: its stored row cannot be read (its limits column: {exc})"
+                return job_id, {}
+            try:
+                for key in asked:
+                    if key in broken:
+                        raise InvalidArgument(
+                            f"limit {key!r} as stored cannot be used ({broken[key]}); "
+                            f"set it again with q.limit({key!r}, ...) and requeue the job"
+                        )
+                admission = limits.admit(asked, keys, now_us)
+                if admission is None:
+                    opening.append(limits.opens_at(asked, keys, now_us))
+            except NbqueueError as exc:
+                unfit[job_id] = f"job {job_id} cannot start under its limits: {exc}"
+                return job_id, {}
             if admission is not None:
                 self._limits_open_at = None
                 return job_id, admission.tats
-            opening.append(limits.opens_at(asked, keys, now_us))
         self._limits_open_at = min((at for at in opening if at is not None), default=None)
         return None
+
+    def _decode_or_bury(self, row: Row, request: ClaimRequest) -> Job | None:
+        """`_decode_claimed`, and whatever else the row makes it raise buries the job with why:
+        it is claimed already, and a raw error here would leave it running until its lease ends."""
+        try:
+            return self._decode_claimed(row, request)
+        except NbqueueError:  # the storage failed: the lease brings the job back
+            raise
+        except Exception as exc:
+            why = f"job {row[0]}: its stored row cannot be run ({type(exc).__name__}: {str(exc)[:200]})"
+            log.exception("%s", why)
+            self.storage.bury(int(row[0]), why, self.stamp())
+            return None
 
     def _decode_claimed(self, row: Row, request: ClaimRequest) -> Job | None:
         """A claimed row as a Job, or None if it may not run here.
@@ -445,7 +489,7 @@ class JobManager:
         if limited:  # claims weigh the limits one job at a time
             taken = self.claim(then_claim)
             return flags, [] if taken is None else [taken]
-        decoded = (self._decode_claimed(row, then_claim) for row in rows)
+        decoded = (self._decode_or_bury(row, then_claim) for row in rows)
         return flags, [claimed for claimed in decoded if claimed is not None]
 
     def fail(

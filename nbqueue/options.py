@@ -283,4 +283,29 @@ def stored(limits: Mapping[str, int]) -> str | None:
     return json.dumps(dict(sorted(limits.items())), separators=(",", ":")) if limits else None
 
 
+def read_stored(text: object) -> dict[str, int]:
+    """A job's limits read back as `stored` wrote them; InvalidArgument if the row holds anything
+    else (text that is not JSON, a BLOB, units that enqueue would refuse)."""
+    if text is None or text == "":
+        return {}
+    if not isinstance(text, str):
+        raise InvalidArgument(f"limits are stored as {type(text).__name__}, not text")
+    try:
+        found = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"limits are not JSON ({type(exc).__name__})") from None
+    if not isinstance(found, dict):
+        raise InvalidArgument(f"limits are not a JSON object of key -> units: {text[:80]!r}")
+    return limit_units(found)
+
+
+def held_keys(text: object) -> list[str]:
+    """The keys a stored limits text names (none if it cannot be read: the claim then buries
+    that job with why, and reading the other jobs' keys goes on)."""
+    try:
+        return list(read_stored(text))
+    except InvalidArgument:
+        return []
+
+
 _DEFAULTS = JobOptions()  # frozen: every call without options shares it

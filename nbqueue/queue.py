@@ -480,7 +480,10 @@ class Queue:
     ) -> None:
         """Set what a limit key allows, for every worker of this queue: at most `concurrency`
         units held by running jobs, and starts spaced to `rate` ("500/m", "10/s", "2/h") with
-        `burst` more at once after a quiet spell. Stored in the database."""
+        `burst` more at once after a quiet spell. Stored in the database.
+
+        Raises InvalidArgument for what the claim could not compute: a rate slower than 1/h, a
+        concurrency over 10^9, a burst of 10^9 or more (a job's units are under 10^9 too)."""
         limit = Limit(key, concurrency, None if rate is None else parse_rate(rate), burst)
         self.manager.define_limit(limit)
 

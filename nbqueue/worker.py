@@ -167,6 +167,7 @@ class Worker:
         quick = mode == "thread" and lease_s >= 1.0
         self._batch_most = self.manager.batch_claims if quick else 1
         self._retired: set[threading.Thread] = set()  # runners left to a handler whose job was taken away
+        self._crashes = 0  # runners crashed since a claim last worked (counted under _state)
         self._keeper_wake = threading.Event()  # a new deadline to watch, or stop
         self._async_slots = threading.BoundedSemaphore(async_concurrency)
         self._async_busy = 0  # coroutine jobs in flight; guarded by _state
@@ -178,12 +179,16 @@ class Worker:
 
     @property
     def running(self) -> bool:
-        """True while the worker's threads are alive."""
-        return any(t.is_alive() for t in self._threads)
+        """True while the worker's keeper and every one of its runners are alive (a runner that
+        died of an unexpected error is replaced at once; False after stop())."""
+        with self._state:
+            threads = [t for t in self._threads if t not in self._retired]
+        keeper = [t for t in threads if t.name == "nbqueue-keeper"]
+        return bool(keeper) and all(t.is_alive() for t in threads)
 
     def start(self) -> Worker:
         """Start the threads (no-op if already running)."""
-        if self.running:
+        if any(t.is_alive() for t in self._threads):  # (a thread left from before: never two sets)
             return self
         with self._state:
             self._stopping.clear()
@@ -325,21 +330,25 @@ class Worker:
     def _request(self) -> ClaimRequest:
         return ClaimRequest(self._filter(), self.worker_id, to_us(self.lease))
 
-    def _spawn_runner(self) -> None:
-        """Start a runner thread; the caller holds `_state` (so stop() never sees one unstarted)."""
+    def _spawn_runner(self, pause: float = 0.0) -> None:
+        """Start a runner thread; the caller holds `_state` (so stop() never sees one unstarted).
+        It waits `pause` seconds before its first claim (a runner restarted after a crash)."""
         runner = threading.Thread(
-            target=self._run_loop, name=f"nbqueue-worker-{len(self._threads)}", daemon=True
+            target=self._run_loop, args=(pause,), name=f"nbqueue-worker-{len(self._threads)}", daemon=True
         )
         runner.start()
         self._threads.append(runner)
 
-    def _run_loop(self) -> None:
+    def _run_loop(self, pause: float = 0.0) -> None:
         batch = Batch(self._batch_most)
         with self._state:
             self._batches.append(batch)
         holding = False  # counted in `_busy`: from its claim until it holds no job and no success
         failing = 0  # claims failed in a row (database read-only, full, gone): back off
+        job: Job | None = None  # the job this runner runs, if any
+        crash: Exception | None = None
         try:
+            self._stopping.wait(pause)
             while True:
                 if threading.current_thread() in self._retired:  # whoever retired us counts us out
                     holding = False
@@ -349,6 +358,7 @@ class Worker:
                 job = batch.next_job()
                 if job is not None:
                     self._execute(job, batch)
+                    job = None
                     continue
                 if not holding:
                     with self._state:
@@ -359,6 +369,7 @@ class Worker:
                     if failing:
                         log.warning("claims work again after %d failure(s)", failing)
                     failing = 0
+                    self._crashes = 0
                 except NbqueueError as exc:
                     failing += 1
                     if failing == 1:
@@ -376,6 +387,13 @@ class Worker:
                     self._stopping.wait(min(30.0, 0.25 * 2 ** min(failing, 7)))
                 else:
                     self._idle_wait()
+        except Exception as exc:  # a fault nbqueue did not foresee: logged, and the runner replaced
+            crash = exc
+            log.exception(
+                "worker runner %s crashed; a new runner takes its place", threading.current_thread().name
+            )
+            if job is not None:
+                self._fail_crashed(job, exc)
         finally:
             self._settle(batch)
             with self._state:
@@ -383,6 +401,30 @@ class Worker:
                 if holding:
                     self._busy -= 1
                     self._state.notify_all()
+                if crash is not None:
+                    self._restart(threading.current_thread())
+
+    def _restart(self, crashed: threading.Thread) -> None:
+        """A new runner in place of one that crashed (the caller holds `_state`), after a pause
+        that grows while runners keep crashing without a claim working in between."""
+        if self._stopping.is_set() or crashed in self._retired:
+            return
+        self._crashes += 1
+        self._threads.remove(crashed)
+        self._spawn_runner(pause=min(30.0, 0.25 * 2 ** min(self._crashes - 1, 7)))
+
+    def _fail_crashed(self, job: Job, exc: Exception) -> None:
+        """The job a runner crashed on fails with that error (retried or dead by its rules), rather
+        than staying running until its lease ends."""
+        with self._state:
+            if job.id in self._in_flight:  # still watched: its claim is settled by whoever took it
+                return
+        try:
+            self.manager.fail(job, exc)
+        except LeaseLost as lost:
+            log.warning("%s", lost)
+        except Exception:
+            log.exception("job %d: the error its runner crashed on could not be recorded", job.id)
 
     def _flush(self, batch: Batch, then_claim: ClaimRequest | None) -> None:
         """Write the batch's successes and, with `then_claim`, claim its next jobs: one commit."""

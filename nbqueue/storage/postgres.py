@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import secrets
 import threading
 import time
@@ -34,6 +33,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
+from ..options import held_keys
 from . import (
     ClaimRequest,
     Completion,
@@ -486,7 +486,7 @@ class PostgresStorage:
                 return None
             moment = int(found[0][0])
             heads = [(int(i), held) for _, i, held in found]
-            keys = sorted({key for _, held in heads if held for key in json.loads(held)})
+            keys = sorted({key for _, held in heads for key in held_keys(held)})
             states: list[Row] = []
             running: list[Row] = []
             if keys:  # locked: claims weighing one key take turns; what runs is read after the lock

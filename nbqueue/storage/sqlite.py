@@ -34,6 +34,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
+from ..options import held_keys
 from . import (
     ClaimRequest,
     Completion,
@@ -467,7 +468,7 @@ class SQLiteStorage:
 
         def work(conn: sqlite3.Connection) -> Row | None:  # BEGIN IMMEDIATE: the keys are ours
             heads = conn.execute(statement, {**_filter_params(where), "now": now}).fetchall()
-            keys = _ids(sorted({key for _, held in heads if held for key in json.loads(held)}))
+            keys = _ids(sorted({key for _, held in heads for key in held_keys(held)}))
             states = conn.execute(sql.LIMIT_STATES, {"keys": keys}).fetchall() if keys else []
             running = conn.execute(sql.IN_FLIGHT, {"keys": keys}).fetchall() if keys else []
             choice = decide([(int(i), held) for i, held in heads], states, running, now)

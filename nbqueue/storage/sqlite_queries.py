@@ -353,7 +353,10 @@ DEFINE_LIMIT = (
     "INSERT INTO nbqueue_limits (key, concurrency, rate, burst, updated_at) "
     "VALUES (:key, :concurrency, :rate, :burst, :now) ON CONFLICT (key) DO UPDATE SET "
     "concurrency = excluded.concurrency, rate = excluded.rate, burst = excluded.burst, "
-    "updated_at = excluded.updated_at"
+    "updated_at = excluded.updated_at, "
+    # a TAT or pause written by hand as no integer (PostgreSQL's BIGINT refuses one) is mended
+    "tat = iif(typeof(tat) = 'integer', tat, 0), "
+    "paused_until = iif(typeof(paused_until) IN ('integer', 'null'), paused_until, NULL)"
 )
 PAUSE = (
     "INSERT INTO nbqueue_limits (key, paused_until, paused_why, updated_at) "

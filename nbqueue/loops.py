@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import functools
+import gc
 import itertools
 import threading
 import types
@@ -131,10 +134,17 @@ def _named(coroutine: Coroutine[Any, Any, Any]) -> Iterator[tuple[str, object]]:
     if frame is None or code is None:
         return
     try:
-        own = list(frame.f_locals.items())  # arguments, and the closure of a frame not yet started
-    except Exception:  # a frame that cannot show its locals: the globals are still read
+        own = list(frame.f_locals.items())  # its arguments (and, on 3.11, its closure)
+    except Exception:  # a frame that cannot show its locals: the rest is still read
         own = []
     yield from own
+    # Its closure from its function, which the coroutine holds (whether an unstarted frame
+    # shows its closure in f_locals differs between Python versions).
+    for function in gc.get_referents(coroutine):
+        if isinstance(function, types.FunctionType) and function.__code__ is code:
+            for name, cell in zip(code.co_freevars, function.__closure__ or (), strict=False):
+                with contextlib.suppress(ValueError):  # a cell not yet filled
+                    yield name, cell.cell_contents
     yield from _globals_read(code, frame.f_globals, levels=2)
 
 
@@ -149,13 +159,14 @@ def _globals_read(
                 yield from _globals_read(value.__code__, value.__globals__, levels - 1)
 
 
-def _names_in(code: types.CodeType) -> set[str]:
+@functools.lru_cache(maxsize=1024)
+def _names_in(code: types.CodeType) -> frozenset[str]:
     """Every name a code object (and the functions and comprehensions inside it) looks up."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _names_in(const)
-    return names
+    return frozenset(names)
 
 
 def check_clients(coroutine: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> None:

@@ -431,3 +431,29 @@ def test_a_cancel_is_logged_as_a_cancel_and_stop_after_it_is_quick(
     messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if "released back to pending" in m], messages
     assert any(f"job {jobs[0].id} cancelled" in m for m in messages), messages
+
+
+def test_stop_gives_back_at_once_a_coroutine_job_waiting_for_an_async_slot(queue: Queue) -> None:
+    """The runner waiting for the one slot no longer holds stop() until its timeout: the job it
+    holds goes back to pending unrun (no attempt counted), the running one is released."""
+    started: list[int] = []
+
+    @queue.task(name="aiof.occupies")
+    async def occupies(i: int) -> None:
+        started.append(i)
+        await asyncio.sleep(30)
+
+    jobs = [occupies.enqueue(i) for i in range(3)]
+    worker = queue.worker(lease=10, concurrency=1, async_concurrency=1).start()
+    try:
+        wait_until(lambda: started, 10, "the first job running")
+        wait_until(lambda: len(worker.status()["in_flight"]) == 2, 10, "a second job waiting for the slot")
+        began = time.monotonic()
+        assert worker.stop()
+        took = time.monotonic() - began
+    finally:
+        worker.stop()
+    assert took < 1.0, f"stop() took {took:.1f} s"
+    assert started == [0]
+    assert [queue.get(job.id).status for job in jobs] == ["pending"] * 3
+    assert [queue.get(job.id).attempts for job in jobs[1:]] == [0, 0]  # never started: no attempt spent

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from .errors import NbqueueError
 from .loops import ForeignLoopError, check_clients, foreign_loop, name_loop
 
-__all__ = ["ForeignLoopError", "JobLoop", "close_ended_runners", "foreign_loop", "per_loop", "run_sync"]
+__all__ = ["ForeignLoopError", "JobLoop", "close_ended_runners", "per_loop", "run_sync"]
 
 log = logging.getLogger("nbqueue.worker")
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import cells, notebooks, policy
 from . import tasks as registry
-from .aio import JobLoop, foreign_loop
+from .aio import JobLoop, close_ended_runners
 from .batches import Batch
 from .capture import captured, tail
 from .clock import Duration, seconds, to_us
@@ -42,6 +42,7 @@ from .errors import (
 )
 from .isolation import Ending, Outcome, run_in_child
 from .jobs import Job, State, Verdict
+from .loops import check_clients, foreign_loop
 from .options import queue_names
 from .storage import ClaimRequest, Filter
 
@@ -238,8 +239,10 @@ class Worker:
         released = True
         for flight in stuck:
             try:
-                self.manager.release(flight.job)
-                log.warning("job %d still running at stop: released back to pending", flight.job.id)
+                if self.manager.release(flight.job):
+                    log.warning("job %d still running at stop: released back to pending", flight.job.id)
+                else:  # cancelled (or taken over) just before the stop
+                    self._say_stopped(flight.job)
             except LeaseLost as exc:  # cancelled or taken over meanwhile: it is not this worker's any more
                 log.warning("%s", exc)
             except NbqueueError as exc:
@@ -258,6 +261,7 @@ class Worker:
         if self._loop is not None:
             self._loop.stop(max(0.1, deadline - time.monotonic()))
             self._loop = None
+        close_ended_runners(max(0.1, deadline - time.monotonic()))  # run_sync loops of ended runners
         if self._reporter is not None:
             self._reporter.shutdown(wait=True)
             self._reporter = None
@@ -568,8 +572,13 @@ class Worker:
         while not self._async_slots.acquire(timeout=0.2):
             with self._state:
                 taken = self._in_flight.get(flight.job.id) is not flight  # stopped or cancelled meanwhile
-            if taken:
+                stopping = not taken and self._stopping.is_set()
+                if stopping:  # never started: back to pending, and stop() need not wait for a slot
+                    del self._in_flight[flight.job.id]
+            if taken or stopping:
                 coroutine.close()
+                if stopping:
+                    self._give_back(flight.job)
                 return
         with self._state:
             if self._in_flight.get(flight.job.id) is not flight:
@@ -578,26 +587,32 @@ class Worker:
                 return
             self._async_busy += 1
             if self._loop is None:
-                self._loop = JobLoop(f"nbqueue-loop-{self.worker_id}")
+                self._loop = JobLoop(f"nbqueue-loop-{self.worker_id}", self.worker_id)
                 self._reporter = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="nbqueue-report")
             flight.task = self._loop.submit(self._run_async(flight.job, flight, coroutine, buffer))
 
     async def _run_async(self, job: Job, flight: Flight, coroutine: Any, buffer: io.StringIO) -> None:
         """A coroutine job on the worker's loop; its job's context follows it across awaits."""
+        left = None if job.timeout is None else max(0.0, job.timeout - (time.monotonic() - flight.started))
+        deadline = asyncio.timeout(left)  # nbqueue's own: a TimeoutError the job raises is the job's
         try:
+            check_clients(coroutine, asyncio.get_running_loop())  # before anything is sent
             with captured(buffer), running(flight.context):
-                if job.timeout is None:
+                async with deadline:
                     value = await coroutine
-                else:
-                    left = job.timeout - (time.monotonic() - flight.started)
-                    value = await asyncio.wait_for(coroutine, max(0.0, left))
             outcome = Outcome(Ending.RETURNED, value)
-        except TimeoutError:
-            outcome = Outcome(Ending.RAISED, f"timed out after {job.timeout:g} s (interrupted at an await)")
         except asyncio.CancelledError:
             outcome = Outcome(Ending.CANCELLED)
+        except TimeoutError as exc:
+            if deadline.expired():
+                timed_out = f"timed out after {job.timeout:g} s (interrupted at an await)"
+                outcome = Outcome(Ending.RAISED, timed_out)
+            else:  # the job's own (a client's timeout, its own asyncio.timeout): an ordinary error
+                outcome = Outcome(Ending.RAISED, exc)
         except BaseException as exc:  # a handler's failure is the job's, never the worker's
-            outcome = Outcome(Ending.RAISED, foreign_loop(exc) or exc)
+            outcome = Outcome(Ending.RAISED, foreign_loop(exc, asyncio.get_running_loop()) or exc)
+        finally:
+            coroutine.close()  # never started (a client of another loop): no "never awaited" warning
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._reporter, self._finish_async, flight, outcome, buffer)
 
@@ -610,7 +625,8 @@ class Worker:
                 if owned:
                     del self._in_flight[job.id]
             if not owned or outcome.ending is Ending.CANCELLED:
-                log.info("job %d stopped: cancelled, timed out or released", job.id)
+                if not self._stopping.is_set():  # at a stop, stop() says what became of the job
+                    self._say_stopped(job)
             else:
                 self._report(job, outcome, tail(buffer.getvalue()))
         finally:
@@ -618,6 +634,27 @@ class Worker:
             with self._state:
                 self._async_busy -= 1
                 self._state.notify_all()
+
+    def _give_back(self, job: Job) -> None:
+        """A claimed coroutine job that never started goes back to pending, no attempt counted."""
+        try:
+            if self.manager.unclaim(job):
+                log.info("job %d not started before the worker stopped: back to pending", job.id)
+            else:
+                self._say_stopped(job)
+        except NbqueueError as exc:  # its lease brings it back
+            log.warning("job %d could not be given back: %s", job.id, exc)
+
+    def _say_stopped(self, job: Job) -> None:
+        """Log why a job this worker held stopped before it finished (cancelled, most often)."""
+        try:
+            status = self.manager.get(job.id).status
+        except NbqueueError:
+            status = None
+        if status is State.CANCELLED:
+            log.info("job %d cancelled: its handler was stopped", job.id)
+        else:
+            log.info("job %d stopped: its claim ended (now %s)", job.id, status.value if status else "gone")
 
     def _report(self, job: Job, outcome: Outcome, output: str | None, batch: Batch | None = None) -> None:
         """Record the outcome: a success into `batch` (written with its next claim), or at once."""

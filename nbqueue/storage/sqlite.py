@@ -17,6 +17,7 @@ import stat
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
@@ -211,10 +212,13 @@ class SQLiteStorage:
 
     def _conn(self) -> tuple[sqlite3.Connection, threading.RLock]:
         """This thread's connection for reading, and the lock held while it is in use."""
-        mine: tuple[sqlite3.Connection, threading.RLock] | None = getattr(self._local, "conn", None)
-        if mine is None:
-            mine = self._local.conn = self._connect()
-        return mine
+        held: _Held | None = getattr(self._local, "held", None)
+        if held is None:
+            held = self._local.held = _Held(self._connect())
+            # It closes when the thread ends (its locals are dropped), as on PostgreSQL: the
+            # threads of a stopped worker leave no open files behind.
+            weakref.finalize(held, _release, held.made, self._all, self._all_lock)
+        return held.made
 
     def _write_conn(self) -> tuple[sqlite3.Connection, threading.RLock]:
         """The one connection all of this storage's writes use, whatever the thread. Writes go
@@ -816,6 +820,27 @@ class SQLiteStorage:
             self._all.clear()
             self._writer = None
         self._local = threading.local()
+
+
+class _Held:
+    """One thread's read connection, held in its thread-local storage."""
+
+    def __init__(self, made: tuple[sqlite3.Connection, threading.RLock]) -> None:
+        self.made = made
+
+
+def _release(
+    made: tuple[sqlite3.Connection, threading.RLock],
+    every: list[tuple[sqlite3.Connection, threading.RLock]],
+    lock: threading.Lock,
+) -> None:
+    """Close the read connection of a thread that has ended."""
+    with lock:
+        if made in every:
+            every.remove(made)
+    conn, busy = made
+    with busy, suppress(sqlite3.Error):
+        conn.close()
 
 
 def _immediate(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:

@@ -268,16 +268,19 @@ INSERT_EDGE = (
 # The children are locked (in id order) before their counts are read: two parents finishing at
 # once queue up on the child, and the second reads the count the first left (read committed
 # re-reads a locked row), so no count-down is lost.
+# A cascade walks the edges from the parents, then each child by its id: the state is tested as
+# `(...) IS TRUE`, which no index answers, so the planner never starts from every blocked job in
+# the state index (its statistics lag a workflow written a moment ago), each level of a chain.
+CHILDREN = "nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child"
 CHILDREN_BLOCKED = (
-    "SELECT e.parent, c.id, c.wait_when, c.parents_left FROM nbqueue_edges e JOIN nbqueue_jobs c "
-    f"ON c.id = e.child WHERE e.parent = {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent "
-    "FOR UPDATE OF c"
+    f"SELECT e.parent, c.id, c.wait_when, c.parents_left FROM {CHILDREN} WHERE e.parent = {IDS} "
+    "AND (c.status = 'blocked') IS TRUE ORDER BY c.id, e.parent FOR UPDATE OF c"
 )
 # Children that wait for their parents, or were let go by them and have not started: a parent
 # that comes back (requeue, replay) makes them count afresh. Locked like CHILDREN_BLOCKED.
 CHILDREN_WAITING = (
-    f"SELECT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child WHERE e.parent = {IDS} "
-    "AND c.status IN ('blocked', 'pending') ORDER BY c.id FOR UPDATE OF c"
+    f"SELECT c.id FROM {CHILDREN} WHERE e.parent = {IDS} AND (c.status IN ('blocked', 'pending')) IS TRUE "
+    "ORDER BY c.id FOR UPDATE OF c"
 )
 SET_LEFT = "UPDATE nbqueue_jobs SET parents_left = %(left)s WHERE id = %(id)s AND status = 'blocked'"
 UNBLOCK = (
@@ -304,8 +307,8 @@ SETTLE = (
     f"WHERE id = %(id)s RETURNING {_WAKE}"
 )
 DOOMED_BY = (
-    "SELECT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
-    f"WHERE e.parent = {IDS} AND c.status = 'upstream_failed' AND c.root_cause = %(root)s"
+    f"SELECT c.id FROM {CHILDREN} WHERE e.parent = {IDS} AND (c.status = 'upstream_failed') IS TRUE "
+    "AND c.root_cause = %(root)s"
 )
 REARM = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, "

@@ -414,15 +414,18 @@ INSERT_LINKED = (
     "CASE WHEN :status = 'upstream_failed' THEN :now END, :origin, :workflow) RETURNING id"
 )
 INSERT_EDGE = "INSERT OR IGNORE INTO nbqueue_edges (parent, child) VALUES (:parent, :child)"
+# A cascade walks the edges from the parents, then each child by its id: CROSS JOIN keeps that
+# order (else SQLite starts from every blocked job in the status index, each level of a chain).
+CHILDREN = "nbqueue_edges e CROSS JOIN nbqueue_jobs c ON c.id = e.child"
 CHILDREN_BLOCKED = (
-    "SELECT e.parent, c.id, c.wait_when, c.parents_left FROM nbqueue_edges e JOIN nbqueue_jobs c "
-    f"ON c.id = e.child WHERE e.parent IN {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent"
+    f"SELECT e.parent, c.id, c.wait_when, c.parents_left FROM {CHILDREN} "
+    f"WHERE e.parent IN {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent"
 )
 # Children that wait for their parents, or were let go by them and have not started: a parent
 # that comes back (requeue, replay) makes them count afresh.
 CHILDREN_WAITING = (
-    "SELECT DISTINCT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
-    f"WHERE e.parent IN {IDS} AND c.status IN ('blocked', 'pending') ORDER BY c.id"
+    f"SELECT DISTINCT c.id FROM {CHILDREN} WHERE e.parent IN {IDS} AND c.status IN ('blocked', 'pending') "
+    "ORDER BY c.id"
 )
 SET_LEFT = "UPDATE nbqueue_jobs SET parents_left = :left WHERE id = :id AND status = 'blocked'"
 UNBLOCK = (
@@ -445,8 +448,8 @@ SETTLE = (
     "updated_at = :now WHERE id = :id"
 )
 DOOMED_BY = (
-    "SELECT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
-    f"WHERE e.parent IN {IDS} AND c.status = 'upstream_failed' AND c.root_cause = :root"
+    f"SELECT c.id FROM {CHILDREN} WHERE e.parent IN {IDS} AND c.status = 'upstream_failed' "
+    "AND c.root_cause = :root"
 )
 REARM = (
     "UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, finished_at = NULL, "

@@ -769,12 +769,7 @@ class PostgresStorage:
         params = {"ids": list(job_ids), "now": now}
 
         def work(cur: psycopg.Cursor[Any]) -> list[int]:
-            cur.execute(sql.CANCEL, params)
-            rows = cur.fetchall()
-            linked = [(int(i), State.CANCELLED, None) for i, children in rows if children]
-            if linked:  # their waiting descendants are doomed in the same transaction
-                cascade.resolve(_runner(cur, self.channel), linked, now)
-            return sorted(int(r[0]) for r in rows)
+            return cascade.cancel(_runner(cur, self.channel), job_ids, now)
 
         def committed() -> list[int] | None:
             return [int(r[0]) for r in self._rows(sql.CANCELLED, params)] or None

@@ -738,6 +738,94 @@ def test_cancel_and_requeue_of_a_5000_level_chain_root_move_the_whole_chain(queu
     assert queue.counts() == {**{s.value: 0 for s in State}, "pending": 1, "blocked": 4_999}
 
 
+# -- 8. families: what a running job makes --------------------------------------------------------
+
+
+def test_a_job_that_enqueues_two_of_itself_stops_at_the_family_limit(make_queue: MakeQueue) -> None:
+    """A job that enqueues two copies of itself doubles each generation (19,022 jobs in 10 s, with
+    nothing to stop them). Its family (the first job, what it made, what those made...) holds at
+    most `family_limit` jobs: the enqueue past it raises FamilyTooLarge, nothing is written, and
+    the job that tried is dead with that error. Jobs outside the family are not held back."""
+    queue = make_queue(family_limit=30)
+
+    @queue.task(name="family.doubling", max_retries=0)
+    def doubling(generation: int) -> int:
+        doubling.enqueue(generation + 1)
+        doubling.enqueue(generation + 1)
+        return generation
+
+    first = doubling.enqueue(0)
+    worker = queue.worker(concurrency=2, lease=30).start()
+    try:
+        wait_until(
+            lambda: queue.counts()["pending"] + queue.counts()["running"] == 0, 60, "the family stopped"
+        )
+    finally:
+        assert worker.stop(timeout=30)
+    jobs = queue.jobs(limit=1_000)
+    assert len(jobs) == 1 + 30, f"{len(jobs)} jobs: the family was not held at 30 made jobs"
+    refused = [j for j in jobs if j.status is State.DEAD]
+    assert refused, "no job was refused its child"
+    assert all(
+        "FamilyTooLarge" in (j.error or "") and "family_limit (30)" in (j.error or "") for j in refused
+    )
+    assert {j.status for j in jobs} == {State.COMPLETED, State.DEAD}
+    assert max(j.value for j in jobs if j.status is State.COMPLETED) < 6  # a tree, not a chain
+    outsider = queue.enqueue({"not": "family"})  # the test's own enqueue is in no family
+    assert queue.get(outsider.id).status is State.PENDING
+    assert queue.get(first.id).status is State.COMPLETED
+    with pytest.raises(nbqueue.InvalidArgument, match="family_limit"):
+        make_queue(family_limit=0)
+
+
+def test_cancelling_a_job_cancels_what_it_made_and_what_those_made(queue: Queue) -> None:
+    """A running job makes two children (they run and each makes a grandchild) and one child that
+    waits. Cancelling it cancels, in the same transaction, every unfinished job in its line: the
+    waiting child and both grandchildren (found through the finished children); finished jobs stay
+    as they are, a job outside the family that waited for a grandchild is upstream_failed, and an
+    unrelated job stays pending."""
+    ids: dict[str, Any] = {}
+    let_go = threading.Event()
+
+    @queue.task(name="family.grandchild")
+    def grandchild() -> int:
+        return 1
+
+    @queue.task(name="family.child")
+    def child(i: int) -> int:
+        return grandchild.schedule(queue="idle").id
+
+    @queue.task(name="family.parent")
+    def parent() -> None:
+        ids["kids"] = [child.schedule(args=(i,), queue="kids").id for i in range(2)]
+        ids["waiting"] = child.schedule(args=(99,), queue="idle").id
+        let_go.wait(60)
+
+    top = parent.enqueue()
+    unrelated = queue.enqueue({"unrelated": True}, queue="idle")
+    worker = queue.worker(queues=["default", "kids"], concurrency=3, lease=30).start()
+    try:
+        wait_until(lambda: len(ids) == 2 and queue.counts("kids")["completed"] == 2, 30, "the children ran")
+        grandchildren = sorted(queue.get(k).value for k in ids["kids"])
+        waits_for_one = queue.enqueue({"outside": "the family"}, queue="idle", after=[grandchildren[0]])
+        assert queue.get(top.id).status is State.RUNNING
+        assert queue.cancel(top).status is State.CANCELLED
+        let_go.set()
+    finally:
+        let_go.set()
+        assert worker.stop(timeout=30)
+    states = {j.id: j.status for j in queue.get_many([*ids["kids"], ids["waiting"], *grandchildren])}
+    assert states == {
+        **dict.fromkeys(ids["kids"], State.COMPLETED),
+        ids["waiting"]: State.CANCELLED,
+        **dict.fromkeys(grandchildren, State.CANCELLED),
+    }
+    outside = queue.get(waits_for_one.id)
+    assert (outside.status, outside.root_cause) == (State.UPSTREAM_FAILED, grandchildren[0])
+    assert queue.get(unrelated.id).status is State.PENDING
+    assert queue.get(top.id).status is State.CANCELLED
+
+
 ROLES = {"worker": role_worker}
 
 if __name__ == "__main__":

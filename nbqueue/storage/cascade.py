@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..dependencies import Change, When, after_parent, initial
-from ..errors import FamilyTooLarge, JobNotFound
+from ..errors import FamilyTooLarge, InvalidTransition, JobNotFound
 from ..jobs import State
 from . import NewJob
 
@@ -136,7 +136,8 @@ def topological(jobs: set[int], edges: Sequence[tuple[int, int]]) -> list[int]:
 def join_family(run: Run, new: NewJob) -> tuple[int | None, int | None]:
     """A job made by a running job (its origin names that job, the spawner) joins the spawner's
     family, counted on the family's first job: (spawner, family), or FamilyTooLarge once the
-    family holds `new.family_limit` jobs. A family whose first job was deleted is not counted."""
+    family holds `new.family_limit` jobs; a cancelled job (its code may still run) makes none.
+    A family whose first job was deleted is not counted."""
     if new.origin is None:
         return None, None
     spawner = int(new.origin.split(":", 1)[0])  # workflows.origin_of: "<job id>:<call>:<n>"
@@ -144,6 +145,8 @@ def join_family(run: Run, new: NewJob) -> tuple[int | None, int | None]:
     if not found:
         return spawner, None
     family = int(found[0][0])
+    if found[0][1] == State.CANCELLED.value:  # its code may still run: what it made was cancelled
+        raise InvalidTransition(f"job {spawner} was cancelled: it cannot make more jobs")
     most = new.family_limit
     if most is not None and not run("GROW_FAMILY", {"family": family, "most": most}):
         size = run("FAMILY_SIZE", {"family": family})

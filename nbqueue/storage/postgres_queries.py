@@ -275,7 +275,7 @@ INSERT_LINKED = (
 )
 # A job made by a running job joins that job's family, counted on the family's first job (its
 # row locked until the transaction ends: two jobs joining at once are counted one after the other).
-FAMILY_OF = "SELECT coalesce(family, id) FROM nbqueue_jobs WHERE id = %(spawner)s"
+FAMILY_OF = "SELECT coalesce(family, id), status FROM nbqueue_jobs WHERE id = %(spawner)s"
 GROW_FAMILY = (
     "UPDATE nbqueue_jobs SET family_size = family_size + 1 WHERE id = %(family)s AND family_size < %(most)s "
     "RETURNING family_size"

@@ -426,7 +426,7 @@ INSERT_LINKED = (
     ":spawner, :family) RETURNING id"
 )
 # A job made by a running job joins that job's family, counted on the family's first job.
-FAMILY_OF = "SELECT coalesce(family, id) FROM nbqueue_jobs WHERE id = :spawner"
+FAMILY_OF = "SELECT coalesce(family, id), status FROM nbqueue_jobs WHERE id = :spawner"
 GROW_FAMILY = (
     "UPDATE nbqueue_jobs SET family_size = family_size + 1 WHERE id = :family AND family_size < :most "
     "RETURNING family_size"

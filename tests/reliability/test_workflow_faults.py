@@ -783,7 +783,7 @@ def test_cancelling_a_job_cancels_what_it_made_and_what_those_made(queue: Queue)
     waits. Cancelling it cancels, in the same transaction, every unfinished job in its line: the
     waiting child and both grandchildren (found through the finished children); finished jobs stay
     as they are, a job outside the family that waited for a grandchild is upstream_failed, and an
-    unrelated job stays pending."""
+    unrelated job stays pending. The cancelled job's code, still running, cannot make more."""
     ids: dict[str, Any] = {}
     let_go = threading.Event()
 
@@ -800,6 +800,10 @@ def test_cancelling_a_job_cancels_what_it_made_and_what_those_made(queue: Queue)
         ids["kids"] = [child.schedule(args=(i,), queue="kids").id for i in range(2)]
         ids["waiting"] = child.schedule(args=(99,), queue="idle").id
         let_go.wait(60)
+        try:  # cancelled, its code still runs: it makes nothing more
+            child.schedule(args=(100,), queue="idle")
+        except nbqueue.NbqueueError as exc:
+            ids["late"] = exc
 
     top = parent.enqueue()
     unrelated = queue.enqueue({"unrelated": True}, queue="idle")
@@ -811,9 +815,12 @@ def test_cancelling_a_job_cancels_what_it_made_and_what_those_made(queue: Queue)
         assert queue.get(top.id).status is State.RUNNING
         assert queue.cancel(top).status is State.CANCELLED
         let_go.set()
+        wait_until(lambda: "late" in ids, 10, "the cancelled job tried to make one more")
     finally:
         let_go.set()
         assert worker.stop(timeout=30)
+    assert isinstance(ids["late"], nbqueue.InvalidTransition) and "was cancelled" in str(ids["late"])
+    assert len(queue.jobs(limit=100)) == 8, "a job was made after its maker was cancelled"
     states = {j.id: j.status for j in queue.get_many([*ids["kids"], ids["waiting"], *grandchildren])}
     assert states == {
         **dict.fromkeys(ids["kids"], State.COMPLETED),

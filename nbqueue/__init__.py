@@ -12,6 +12,7 @@ from .dependencies import Outcome, result_of, results_of
 from .errors import (
     DamagedJob,
     DatabaseFull,
+    FamilyTooLarge,
     InvalidArgument,
     InvalidTransition,
     JobFailed,
@@ -50,6 +51,7 @@ __all__ = [
     "CellFailed",
     "DamagedJob",
     "DatabaseFull",
+    "FamilyTooLarge",
     "ForeignLoopError",
     "InvalidArgument",
     "InvalidTransition",

@@ -3,7 +3,9 @@
 Plain SVG text, no plotting library: a notebook shows it as HTML, a browser test can
 read it (each node carries data-job-id and data-state), and a worker install stays light.
 A level wider than MAX_COLUMN jobs shows its first ones and one summary node for the
-rest ("+9,970 more: 9,000 completed, 970 blocked"), so a fan-out of 10,000 stays legible.
+rest ("+9,970 more: 9,000 completed, 970 blocked"), so a fan-out of 10,000 stays legible;
+levels past MAX_LEVELS are one summary node too, so a chain of 5,000 stays small (kilobytes,
+not megabytes).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ COLOURS = {
     State.UPSTREAM_FAILED: "#e685b5",
 }
 MAX_COLUMN = 12  # jobs drawn per level; the rest become one summary node
+MAX_LEVELS = 100  # levels drawn; every job deeper is in one last summary node
 WIDTH, HEIGHT = 168, 26  # a node
 GAP_X, GAP_Y = 56, 10  # between levels, between nodes of a level
 MORE = -1  # the summary node of a level is keyed (MORE, level)
@@ -62,12 +65,13 @@ def svg(graph: Sequence[tuple[Job, list[int]]], title: str = "") -> str:
     level = levels(graph)
     columns: dict[int, list[int]] = {}
     for job_id in sorted(jobs):
-        columns.setdefault(level[job_id], []).append(job_id)
+        columns.setdefault(min(level[job_id], MAX_LEVELS), []).append(job_id)
     place: dict[int, Node] = {}  # where each job is drawn: its own node, or its level's summary
     rows: dict[Node, tuple[int, int]] = {}  # node -> (column, row)
     hidden: dict[int, Counter[str]] = {}
     for col, ids in sorted(columns.items()):
-        shown, rest = ids[:MAX_COLUMN], ids[MAX_COLUMN:]
+        room = MAX_COLUMN if col < MAX_LEVELS else 0
+        shown, rest = ids[:room], ids[room:]
         for row, job_id in enumerate(shown):
             place[job_id] = (job_id, 0)
             rows[(job_id, 0)] = (col, row)
@@ -76,9 +80,11 @@ def svg(graph: Sequence[tuple[Job, list[int]]], title: str = "") -> str:
             rows[(MORE, col)] = (col, len(shown))
             for job_id in rest:
                 place[job_id] = (MORE, col)
-    edges = {(place[p], place[job.id]) for job, parents in graph for p in parents if p in place}
+    edges = {(place[p], place[job.id]) for job, parents in graph for p in parents if p in place} - {
+        (node, node) for node in rows
+    }  # (within the deepest summary)
     tallest = max(r for _, r in rows.values()) + 1
-    width = (max(level.values()) + 1) * (WIDTH + GAP_X) - GAP_X + 8
+    width = (max(columns) + 1) * (WIDTH + GAP_X) - GAP_X + 8
     height = tallest * (HEIGHT + GAP_Y) + (24 if title else 4)
     top = 22 if title else 2
 
@@ -105,6 +111,8 @@ def svg(graph: Sequence[tuple[Job, list[int]]], title: str = "") -> str:
         if node[0] == MORE:
             counts = hidden[node[1]]
             summary = ", ".join(f"{n:,} {state}" for state, n in counts.most_common())
+            if node[1] == MAX_LEVELS:
+                summary = f"levels {MAX_LEVELS} and deeper: {summary}"
             label, colour, tip, attrs = (
                 f"+{sum(counts.values()):,} more",
                 "#495057",

@@ -27,6 +27,11 @@ class InvalidTransition(NbqueueError):
     """The job's state machine does not allow that change of state."""
 
 
+class FamilyTooLarge(NbqueueError):
+    """A running job's family (it, the jobs it made, theirs...) already holds the queue's
+    `family_limit` jobs: the job it tried to make was not written."""
+
+
 class LeaseLost(NbqueueError):
     """The claim on this job has expired or was taken over; nothing was changed."""
 

@@ -139,6 +139,8 @@ class JobManager:
         # (a rate's next slot, a pause's end): a waiting worker sleeps until then, no longer.
         self._limits_open_at: int | None = None
         self._default_backoff = payload_json.dumps(self.backoff.to_dict(), "backoff")
+        #: At most this many jobs made inside one job's family (workflows.FAMILY_LIMIT).
+        self.family_limit = workflows.FAMILY_LIMIT
 
     # -- time ------------------------------------------------------------------
 
@@ -232,7 +234,10 @@ class JobManager:
         if not parents and plan.origin is None and workflow is None:
             return new
         when = plan.options.when if parents else None
-        return replace(new, parents=parents, when=when, origin=plan.origin, workflow=workflow)
+        family_limit = self.family_limit if plan.origin is not None else None
+        return replace(
+            new, parents=parents, when=when, origin=plan.origin, workflow=workflow, family_limit=family_limit
+        )
 
     def enqueue_payloads(self, payloads: Iterable[Any], options: JobArgs) -> list[int]:
         """Queue many raw payload jobs in one transaction: all are written, or none."""

@@ -28,7 +28,7 @@ from .steps import check_name as check_step_name
 from .storage import ClaimRequest, Filter, open_storage
 from .tasks import Task
 from .worker import Worker, default_worker_id
-from .workflows import Workflow
+from .workflows import FAMILY_LIMIT, Workflow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,6 +48,8 @@ class Queue:
         synchronous: ``"normal"`` survives process and kernel crashes; ``"full"``
             also fsyncs every commit, so it survives power loss.
         clock: seconds since the epoch, like ``time.time`` (inject one for tests).
+        family_limit: at most this many jobs made inside one job's family (the jobs a running
+            job enqueues, those they enqueue, and so on); one more raises FamilyTooLarge.
     """
 
     def __init__(
@@ -57,12 +59,18 @@ class Queue:
         backoff: Backoff | None = None,
         synchronous: Literal["normal", "full"] = "normal",
         clock: Clock | None = None,
+        family_limit: int = FAMILY_LIMIT,
     ) -> None:
         if backoff is not None and not isinstance(backoff, Backoff):
             raise InvalidArgument(f"backoff must be an nbqueue.Backoff, not {type(backoff).__name__}")
+        if isinstance(family_limit, bool) or not isinstance(family_limit, int) or family_limit < 1:
+            raise InvalidArgument(
+                f"family_limit must be a whole number of jobs, at least 1, not {family_limit!r}"
+            )
         self.target = targets.resolve(target)
         #: The door to storage that the Queue, its workers and the job context share.
         self.manager = JobManager(open_storage(self.target, synchronous=synchronous), clock, backoff)
+        self.manager.family_limit = family_limit
 
     @property
     def backoff(self) -> Backoff:

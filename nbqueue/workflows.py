@@ -153,6 +153,14 @@ def check_name(name: object) -> str:
     return name
 
 
+#: How many jobs a family may hold: a job not made by a job, every job made inside it while it
+#: ran, and inside those, however deep. A size, not a depth: a job that enqueues two of itself
+#: doubles each generation, so a depth limit of 100 would still allow 2**100 jobs; a size bounds
+#: the rows a runaway family can write whatever its shape, and a legitimate fan-out of thousands
+#: still fits. Queue(family_limit=...) sets another.
+FAMILY_LIMIT = 10_000
+
+
 def origin_of(parent_id: int, task: str | None, body: str, counts: dict[str, int]) -> str:
     """A child made by a running job is keyed by that job and the call (and how many such calls
     came before it in this attempt): attempt 2 finds what attempt 1 made instead of making it again."""

@@ -824,6 +824,7 @@ class GraphView(_LiveView):
         self.counts_html = widgets.HTML()
         self.children = [self.counts_html, self.drawing]
         self.add_class("nbqueue-graph-view")
+        self._drawn: object = None  # what the drawing shows: redrawn only when it changes
         self.refresh()
         self._start_timer()
 
@@ -834,7 +835,13 @@ class GraphView(_LiveView):
             for job, _ in graph:
                 counts[job.status] = counts.get(job.status, 0) + 1
             self.counts_html.value = "".join(_pill(s, counts[s]) for s in State if s in counts)
-            self.drawing.value = f"<div style='overflow:auto;max-height:40em'>{svg(graph, self.title)}</div>"
+            # Everything the drawing shows of each job: states that have not moved redraw nothing.
+            shown = [(job.id, job.task, job.status, job.error, tuple(parents)) for job, parents in graph]
+            if shown != self._drawn:
+                self._drawn = shown
+                self.drawing.value = (
+                    f"<div style='overflow:auto;max-height:40em'>{svg(graph, self.title)}</div>"
+                )
 
 
 DEAD_SCANNED = 5_000  # the newest dead jobs the view groups (the header says when there are more)

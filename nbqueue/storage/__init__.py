@@ -54,6 +54,7 @@ class NewJob:
     # Made by a running job: that job and the call (made once however often it is retried).
     origin: str | None = None
     workflow: int | None = None  # the workflow it was made in
+    family_limit: int | None = None  # made by a running job: its family holds at most this many jobs
 
     def with_payload(self, payload: str) -> NewJob:
         """This job (without parents) with another payload: enqueue_many's many payloads, one

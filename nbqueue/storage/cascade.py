@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..dependencies import Change, When, after_parent, initial
-from ..errors import JobNotFound
+from ..errors import FamilyTooLarge, InvalidTransition, JobNotFound
 from ..jobs import State
 from . import NewJob
 
@@ -133,6 +133,47 @@ def topological(jobs: set[int], edges: Sequence[tuple[int, int]]) -> list[int]:
     return order
 
 
+def join_family(run: Run, new: NewJob) -> tuple[int | None, int | None]:
+    """A job made by a running job (its origin names that job, the spawner) joins the spawner's
+    family, counted on the family's first job: (spawner, family), or FamilyTooLarge once the
+    family holds `new.family_limit` jobs; a cancelled job (its code may still run) makes none.
+    A family whose first job was deleted is not counted."""
+    if new.origin is None:
+        return None, None
+    spawner = int(new.origin.split(":", 1)[0])  # workflows.origin_of: "<job id>:<call>:<n>"
+    found = run("FAMILY_OF", {"spawner": spawner})
+    if not found:
+        return spawner, None
+    family = int(found[0][0])
+    if found[0][1] == State.CANCELLED.value:  # its code may still run: what it made was cancelled
+        raise InvalidTransition(f"job {spawner} was cancelled: it cannot make more jobs")
+    most = new.family_limit
+    if most is not None and not run("GROW_FAMILY", {"family": family, "most": most}):
+        size = run("FAMILY_SIZE", {"family": family})
+        if size:
+            raise FamilyTooLarge(
+                f"job {spawner} cannot make another job: its family (job {family} and every job made "
+                f"inside it, however deep) holds {int(size[0][0])} jobs, the queue's family_limit "
+                f"({most}); a job that enqueues itself needs a way to stop"
+            )
+    return spawner, family
+
+
+def cancel(run: Run, job_ids: Sequence[int], now: int | None) -> list[int]:
+    """Cancel the jobs of `job_ids` that have not finished, and every unfinished job they made while
+    they ran (and those made, theirs); then doom what waited for any of them. Returns the ids of
+    `job_ids` cancelled (the jobs they made are cancelled with them, silently)."""
+    rows = run("CANCEL", {"ids": list(job_ids), "now": now})
+    cancelled = sorted(int(r[0]) for r in rows)
+    made = [int(r[0]) for r in run("MADE_BY", {"ids": cancelled})] if cancelled else []
+    if made:
+        rows += run("CANCEL", {"ids": made, "now": now})
+    linked = [(int(i), State.CANCELLED, None) for i, children in rows if children]
+    if linked:  # their waiting descendants are doomed in the same transaction
+        resolve(run, linked, now)
+    return cancelled
+
+
 def link(run: Run, new: NewJob, now: int | None, extra: dict[str, Any] | None = None) -> tuple[int, bool]:
     """Insert one job with its parents, in the caller's transaction: (id, created).
 
@@ -145,6 +186,7 @@ def link(run: Run, new: NewJob, now: int | None, extra: dict[str, Any] | None = 
         return int(held[0][0]), False
     if new.key is not None and (held := run("HELD_KEY", {"key": new.key})):
         return int(held[0][0]), False
+    spawner, family = join_family(run, new)
     parents = sorted(set(new.parents))
     found = run("LINK_PARENTS", {"ids": parents}) if parents else []
     missing = sorted(set(parents) - {int(row[0]) for row in found})
@@ -177,6 +219,8 @@ def link(run: Run, new: NewJob, now: int | None, extra: dict[str, Any] | None = 
         "error": doomed_error(change.root, states.get(change.root, State.DEAD)) if change.root else None,
         "origin": new.origin,
         "workflow": new.workflow,
+        "spawner": spawner,
+        "family": family,
         **(extra or {}),
     }
     job_id = int(run("INSERT_LINKED", params)[0][0])

@@ -60,10 +60,14 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 T = TypeVar("T")
 Params = dict[str, Any]
 TIDY_EVERY = 5.0  # seconds between folds of the count changes by a reader
-LOCKED_RETRY_SECONDS = 120.0  # a statement cancelled by a timeout (a lock held elsewhere) is retried
 # PostgreSQL cuts an identifier to 63 bytes (of UTF-8), silently: two longer schema names that
 # share their first 63 bytes would open one schema, so names are counted in bytes and refused beyond.
 SCHEMA_BYTES = 63
+LOCKED_RETRY_SECONDS = 120.0  # a statement cancelled by a timeout (a lock held elsewhere) is retried
+# ... by a worker's threads; the kernel's thread (the process's main thread: a notebook's cells,
+# its board, its buttons) gives up after this many seconds (`?lock_wait=SECONDS` in the URL), and
+# so does opening the queue: a session that holds a lock for good must not hang the notebook.
+LOCK_WAIT_SECONDS = 5.0
 _NEW_JOB_FIELDS = (
     *("queue", "task", "payload", "priority", "key", "max_retries", "delay_us"),
     *("run_at_us", "timeout", "backoff", "signature", "limits", "gate"),
@@ -86,6 +90,27 @@ def _split_url(url: str) -> tuple[str, str]:
             f"names short), not {schema!r}"
         )
     return urlunsplit(parts._replace(query=urlencode(rest))), schema
+
+
+def _lock_wait(url: str) -> tuple[str, float]:
+    """The URL without nbqueue's own `lock_wait=` parameter, and how long the kernel's thread
+    waits for a lock held elsewhere (seconds)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    given = next((v for k, v in query if k == "lock_wait"), None)
+    try:
+        seconds = LOCK_WAIT_SECONDS if given is None else float(given)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 3600:  # also NaN
+        raise InvalidArgument(f"lock_wait must be a number of seconds above 0 and up to 3600, not {given!r}")
+    rest = [(k, v) for k, v in query if k != "lock_wait"]
+    return urlunsplit(parts._replace(query=urlencode(rest))), seconds
+
+
+def _kernel_thread() -> bool:
+    """Is this the process's main thread (a notebook kernel's, where cells, boards and buttons run)?"""
+    return threading.current_thread() is threading.main_thread()
 
 
 def _translate(exc: Exception, where: str) -> NbqueueError:
@@ -161,7 +186,11 @@ def _release(
 
 
 class PostgresStorage:
-    """Jobs in PostgreSQL tables (in `?schema=NAME`, default public); one connection per thread."""
+    """Jobs in PostgreSQL tables (in `?schema=NAME`, default public); one connection per thread.
+
+    `?lock_wait=SECONDS` (default 5): how long a call from the process's main thread (a notebook's
+    cells, board and buttons) and opening the queue wait for a lock another session holds, before
+    a StorageError; a worker's threads wait a lock out (LOCKED_RETRY_SECONDS)."""
 
     server_clock = True
     batch_claims = 16
@@ -170,6 +199,7 @@ class PostgresStorage:
         if synchronous not in ("normal", "full"):
             raise InvalidArgument(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
         self.synchronous = synchronous
+        url, self.lock_wait = _lock_wait(url)
         self.conninfo, self.schema = _split_url(url)
         parts = urlsplit(url)  # for messages: never show a password
         self._where = f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
@@ -212,6 +242,8 @@ class PostgresStorage:
             conn.execute(
                 pg_sql.SQL("SET search_path TO {}; SET jit = off").format(pg_sql.Identifier(self.schema))
             )
+            if _kernel_thread():  # a lock held elsewhere fails the statement after lock_wait
+                conn.execute(pg_sql.SQL("SET lock_timeout = {}").format(f"{round(self.lock_wait * 1000)}ms"))
             conn.autocommit = autocommit
             return conn
         except psycopg.Error as exc:
@@ -244,7 +276,8 @@ class PostgresStorage:
         `committed` then reads back whether it did (its answer, or None), so that a write is
         never done twice; without it, `work` must be safe to repeat (a read, a heartbeat).
         """
-        deadline = time.monotonic() + LOCKED_RETRY_SECONDS
+        patience = self.lock_wait if _kernel_thread() else LOCKED_RETRY_SECONDS
+        deadline = time.monotonic() + patience
         attempt = 0
         while attempt < 4:
             conn = self._conn()
@@ -258,7 +291,10 @@ class PostgresStorage:
                 # A statement_timeout or lock_timeout (a lock held elsewhere): the statement was
                 # rolled back, so it is waited out like SQLite's busy lock, never surfaced early.
                 if time.monotonic() > deadline:
-                    raise _translate(exc, self._where) from exc
+                    raise StorageError(
+                        f"{self._where}: gave up after waiting {patience:g} s for a lock another session "
+                        f"holds on the queue's tables (lock_wait; nothing was written): {exc}".strip()
+                    ) from exc
                 time.sleep(0.05)
                 continue
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure):
@@ -306,8 +342,18 @@ class PostgresStorage:
             return pg_sql.SQL(text).format(s=schema)
 
         def work(cur: psycopg.Cursor[Any]) -> None:
-            # One migrator at a time, across every machine.
-            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"nbqueue:{self.schema}",))
+            # One migrator at a time, across every machine; a session that holds the lock (or a
+            # table) for good fails the open after lock_wait, on any thread.
+            cur.execute(pg_sql.SQL("SET LOCAL lock_timeout = {}").format(f"{round(self.lock_wait * 1000)}ms"))
+            try:
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"nbqueue:{self.schema}",))
+            except pg_errors.LockNotAvailable as exc:
+                raise StorageError(
+                    f"{self._where}: another session has held the advisory lock "
+                    f"hashtext('nbqueue:{self.schema}') for over {self.lock_wait:g} s (lock_wait); "
+                    "nbqueue takes it to migrate the schema: end that session (pg_stat_activity, "
+                    "pg_locks) and open the queue again"
+                ) from exc
             cur.execute(ddl("CREATE SCHEMA IF NOT EXISTS {s}"))
             cur.execute(ddl("CREATE TABLE IF NOT EXISTS {s}.nbqueue_meta (version INTEGER NOT NULL)"))
             cur.execute(ddl("SELECT version FROM {s}.nbqueue_meta"))
@@ -736,12 +782,7 @@ class PostgresStorage:
         params = {"ids": list(job_ids), "now": now}
 
         def work(cur: psycopg.Cursor[Any]) -> list[int]:
-            cur.execute(sql.CANCEL, params)
-            rows = cur.fetchall()
-            linked = [(int(i), State.CANCELLED, None) for i, children in rows if children]
-            if linked:  # their waiting descendants are doomed in the same transaction
-                cascade.resolve(_runner(cur, self.channel), linked, now)
-            return sorted(int(r[0]) for r in rows)
+            return cascade.cancel(_runner(cur, self.channel), job_ids, now)
 
         def committed() -> list[int] | None:
             return [int(r[0]) for r in self._rows(sql.CANCELLED, params)] or None

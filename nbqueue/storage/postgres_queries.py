@@ -29,7 +29,7 @@ from .rules import (
     status_in,
 )
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 10
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
@@ -191,6 +191,16 @@ MIGRATIONS: dict[int, list[str]] = {
         "AND (OLD.status = 'running' OR NEW.status = 'running')) "
         "EXECUTE FUNCTION {s}.nbqueue_attempt()",
     ],
+    # Families: the job that made a job while it ran (its origin names it), and the first job of
+    # its line (the family), whose family_size counts the jobs made in the family (at most the
+    # queue's family_limit). Cancelling a job cancels what it made, found by spawned_by.
+    10: [
+        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN spawned_by BIGINT, ADD COLUMN family BIGINT, "
+        "ADD COLUMN family_size INTEGER NOT NULL DEFAULT 0",
+        "UPDATE {s}.nbqueue_jobs SET spawned_by = split_part(origin, ':', 1)::bigint "
+        "WHERE origin IS NOT NULL",
+        "CREATE INDEX nbqueue_spawned_by ON {s}.nbqueue_jobs (spawned_by) WHERE spawned_by IS NOT NULL",
+    ],
 }
 
 SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
@@ -256,11 +266,25 @@ NEW_WORKFLOW = f"INSERT INTO nbqueue_workflows (name, created_at) VALUES (%(name
 INSERT_LINKED = (
     f"WITH {CLOCK} INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, "
     "run_at, created_at, updated_at, timeout, backoff, signature, limits, gate, parents_left, wait_when, "
-    "root_cause, error, finished_at, origin, workflow, enqueue_token) SELECT %(status)s, %(queue)s, "
+    "root_cause, error, finished_at, origin, workflow, enqueue_token, spawned_by, family) SELECT %(status)s, "
+    "%(queue)s, "
     "%(task)s, %(payload)s, %(priority)s, %(key)s, %(max_retries)s, coalesce(%(run_at_us)s, c.now + "
     "%(delay_us)s), c.now, c.now, %(timeout)s, %(backoff)s, %(signature)s, %(limits)s, %(gate)s, %(left)s, "
     "%(wait_when)s, %(root)s, %(error)s, CASE WHEN %(status)s = 'upstream_failed' THEN c.now END, "
-    "%(origin)s, %(workflow)s, %(token)s FROM c RETURNING id"
+    "%(origin)s, %(workflow)s, %(token)s, %(spawner)s, %(family)s FROM c RETURNING id"
+)
+# A job made by a running job joins that job's family, counted on the family's first job (its
+# row locked until the transaction ends: two jobs joining at once are counted one after the other).
+FAMILY_OF = "SELECT coalesce(family, id), status FROM nbqueue_jobs WHERE id = %(spawner)s"
+GROW_FAMILY = (
+    "UPDATE nbqueue_jobs SET family_size = family_size + 1 WHERE id = %(family)s AND family_size < %(most)s "
+    "RETURNING family_size"
+)
+FAMILY_SIZE = "SELECT family_size FROM nbqueue_jobs WHERE id = %(family)s"
+# Every job made by these jobs while they ran, and by those, however deep (spawned_by's index).
+MADE_BY = (
+    "WITH RECURSIVE made(id) AS (SELECT unnest(%(ids)s::bigint[]) UNION SELECT j.id FROM made "
+    f"JOIN nbqueue_jobs j ON j.spawned_by = made.id) SELECT id FROM made WHERE NOT id = {IDS}"
 )
 INSERT_EDGE = (
     "INSERT INTO nbqueue_edges (parent, child) VALUES (%(parent)s, %(child)s) ON CONFLICT DO NOTHING"
@@ -268,16 +292,19 @@ INSERT_EDGE = (
 # The children are locked (in id order) before their counts are read: two parents finishing at
 # once queue up on the child, and the second reads the count the first left (read committed
 # re-reads a locked row), so no count-down is lost.
+# A cascade walks the edges from the parents, then each child by its id: the state is tested as
+# `(...) IS TRUE`, which no index answers, so the planner never starts from every blocked job in
+# the state index (its statistics lag a workflow written a moment ago), each level of a chain.
+CHILDREN = "nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child"
 CHILDREN_BLOCKED = (
-    "SELECT e.parent, c.id, c.wait_when, c.parents_left FROM nbqueue_edges e JOIN nbqueue_jobs c "
-    f"ON c.id = e.child WHERE e.parent = {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent "
-    "FOR UPDATE OF c"
+    f"SELECT e.parent, c.id, c.wait_when, c.parents_left FROM {CHILDREN} WHERE e.parent = {IDS} "
+    "AND (c.status = 'blocked') IS TRUE ORDER BY c.id, e.parent FOR UPDATE OF c"
 )
 # Children that wait for their parents, or were let go by them and have not started: a parent
 # that comes back (requeue, replay) makes them count afresh. Locked like CHILDREN_BLOCKED.
 CHILDREN_WAITING = (
-    f"SELECT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child WHERE e.parent = {IDS} "
-    "AND c.status IN ('blocked', 'pending') ORDER BY c.id FOR UPDATE OF c"
+    f"SELECT c.id FROM {CHILDREN} WHERE e.parent = {IDS} AND (c.status IN ('blocked', 'pending')) IS TRUE "
+    "ORDER BY c.id FOR UPDATE OF c"
 )
 SET_LEFT = "UPDATE nbqueue_jobs SET parents_left = %(left)s WHERE id = %(id)s AND status = 'blocked'"
 UNBLOCK = (
@@ -304,8 +331,8 @@ SETTLE = (
     f"WHERE id = %(id)s RETURNING {_WAKE}"
 )
 DOOMED_BY = (
-    "SELECT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
-    f"WHERE e.parent = {IDS} AND c.status = 'upstream_failed' AND c.root_cause = %(root)s"
+    f"SELECT c.id FROM {CHILDREN} WHERE e.parent = {IDS} AND (c.status = 'upstream_failed') IS TRUE "
+    "AND c.root_cause = %(root)s"
 )
 REARM = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, "

@@ -647,11 +647,7 @@ class SQLiteStorage:
         now = _stamp(now)
 
         def work(conn: sqlite3.Connection) -> list[int]:
-            rows = conn.execute(sql.CANCEL, {"ids": _ids(job_ids), "now": now}).fetchall()
-            linked = [(int(i), State.CANCELLED, None) for i, children in rows if children]
-            if linked:  # their waiting descendants are doomed in the same transaction
-                cascade.resolve(_runner(conn), linked, now)
-            return sorted(int(r[0]) for r in rows)
+            return cascade.cancel(_runner(conn), job_ids, now)
 
         cancelled = self._write(work)
         self.notify()  # (an all_done child may be due now)

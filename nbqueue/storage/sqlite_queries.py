@@ -26,7 +26,7 @@ from .rules import (
     status_in,
 )
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 10
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 # The job columns as of version 5, copied when version 6 rebuilds the table.
 COLS_V5 = (
@@ -236,6 +236,17 @@ MIGRATIONS: dict[int, str] = {
         DELETE FROM nbqueue_edges WHERE child = old.id;
     END;
     """,
+    # Families: the job that made a job while it ran (its origin names it), and the first job of
+    # its line (the family), whose family_size counts the jobs made in the family (at most the
+    # queue's family_limit). Cancelling a job cancels what it made, found by spawned_by.
+    10: """
+    ALTER TABLE nbqueue_jobs ADD COLUMN spawned_by INTEGER;
+    ALTER TABLE nbqueue_jobs ADD COLUMN family INTEGER;
+    ALTER TABLE nbqueue_jobs ADD COLUMN family_size INTEGER NOT NULL DEFAULT 0;
+    UPDATE nbqueue_jobs SET spawned_by = CAST(substr(origin, 1, instr(origin, ':') - 1) AS INTEGER)
+        WHERE origin IS NOT NULL;
+    CREATE INDEX nbqueue_spawned_by ON nbqueue_jobs (spawned_by) WHERE spawned_by IS NOT NULL;
+    """,
 }
 
 SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
@@ -414,20 +425,37 @@ NEW_WORKFLOW = "INSERT INTO nbqueue_workflows (name, created_at) VALUES (:name, 
 INSERT_LINKED = (
     "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, created_at, "
     "updated_at, timeout, backoff, signature, limits, gate, parents_left, wait_when, root_cause, error, "
-    "finished_at, origin, workflow) VALUES (:status, :queue, :task, :payload, :priority, :key, :max_retries, "
-    ":run_at, :now, :now, :timeout, :backoff, :signature, :limits, :gate, :left, :wait_when, :root, :error, "
-    "CASE WHEN :status = 'upstream_failed' THEN :now END, :origin, :workflow) RETURNING id"
+    "finished_at, origin, workflow, spawned_by, family) VALUES (:status, :queue, :task, :payload, :priority, "
+    ":key, :max_retries, :run_at, :now, :now, :timeout, :backoff, :signature, :limits, :gate, :left, "
+    ":wait_when, :root, :error, CASE WHEN :status = 'upstream_failed' THEN :now END, :origin, :workflow, "
+    ":spawner, :family) RETURNING id"
+)
+# A job made by a running job joins that job's family, counted on the family's first job.
+FAMILY_OF = "SELECT coalesce(family, id), status FROM nbqueue_jobs WHERE id = :spawner"
+GROW_FAMILY = (
+    "UPDATE nbqueue_jobs SET family_size = family_size + 1 WHERE id = :family AND family_size < :most "
+    "RETURNING family_size"
+)
+FAMILY_SIZE = "SELECT family_size FROM nbqueue_jobs WHERE id = :family"
+# Every job made by these jobs while they ran, and by those, however deep (spawned_by's index).
+MADE_BY = (
+    f"WITH RECURSIVE made(id) AS (SELECT value FROM json_each(:ids) UNION SELECT j.id FROM made "
+    "CROSS JOIN nbqueue_jobs j INDEXED BY nbqueue_spawned_by ON j.spawned_by = made.id "
+    f"WHERE j.spawned_by IS NOT NULL) SELECT id FROM made WHERE id NOT IN {IDS}"
 )
 INSERT_EDGE = "INSERT OR IGNORE INTO nbqueue_edges (parent, child) VALUES (:parent, :child)"
+# A cascade walks the edges from the parents, then each child by its id: CROSS JOIN keeps that
+# order (else SQLite starts from every blocked job in the status index, each level of a chain).
+CHILDREN = "nbqueue_edges e CROSS JOIN nbqueue_jobs c ON c.id = e.child"
 CHILDREN_BLOCKED = (
-    "SELECT e.parent, c.id, c.wait_when, c.parents_left FROM nbqueue_edges e JOIN nbqueue_jobs c "
-    f"ON c.id = e.child WHERE e.parent IN {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent"
+    f"SELECT e.parent, c.id, c.wait_when, c.parents_left FROM {CHILDREN} "
+    f"WHERE e.parent IN {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent"
 )
 # Children that wait for their parents, or were let go by them and have not started: a parent
 # that comes back (requeue, replay) makes them count afresh.
 CHILDREN_WAITING = (
-    "SELECT DISTINCT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
-    f"WHERE e.parent IN {IDS} AND c.status IN ('blocked', 'pending') ORDER BY c.id"
+    f"SELECT DISTINCT c.id FROM {CHILDREN} WHERE e.parent IN {IDS} AND c.status IN ('blocked', 'pending') "
+    "ORDER BY c.id"
 )
 SET_LEFT = "UPDATE nbqueue_jobs SET parents_left = :left WHERE id = :id AND status = 'blocked'"
 UNBLOCK = (
@@ -450,8 +478,8 @@ SETTLE = (
     "updated_at = :now WHERE id = :id"
 )
 DOOMED_BY = (
-    "SELECT c.id FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
-    f"WHERE e.parent IN {IDS} AND c.status = 'upstream_failed' AND c.root_cause = :root"
+    f"SELECT c.id FROM {CHILDREN} WHERE e.parent IN {IDS} AND c.status = 'upstream_failed' "
+    "AND c.root_cause = :root"
 )
 REARM = (
     "UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, finished_at = NULL, "

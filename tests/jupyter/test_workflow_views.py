@@ -15,7 +15,7 @@ import pytest
 
 import nbqueue
 from nbqueue import Queue
-from nbqueue.dag import COLOURS, MAX_COLUMN, levels, svg
+from nbqueue.dag import COLOURS, MAX_COLUMN, MAX_LEVELS, levels, svg
 from nbqueue.jupyter.views import GraphView, JobBoard, job_detail, waiting_notes
 from tests.helpers import wait_until
 
@@ -130,6 +130,37 @@ def test_svg_lays_out_levels_and_folds_a_wide_level(queue: Queue) -> None:
     assert "<script" not in svg(
         [(queue.get(queue.enqueue({"x": 1}, queue="<script>alert(1)</script>").id), [])]
     )
+
+
+def test_the_graph_view_redraws_only_when_a_job_moved(queue: Queue, views: list[Any]) -> None:
+    """The live graph refreshes every second; its drawing (2 MB for a 5,000-job workflow) is made
+    again only when a job it shows moved: a refresh with nothing new keeps the very same value
+    (a widget stores whatever it is given, even text equal to what it had)."""
+    with queue.workflow("steady") as wf:
+        first = queue.enqueue({"n": 0})
+        queue.enqueue({"n": 1}, after=[first])
+    view = GraphView(queue, wf, interval=3600)
+    views.append(view)
+    drawn = view.drawing.value
+    view.refresh()
+    assert view.drawing.value is drawn, "the drawing was made again although no job moved"
+    complete_next(queue)
+    view.refresh()
+    assert view.drawing.value is not drawn
+    assert set(nodes(view.drawing.value).values()) == {"completed", "pending"}
+
+
+def test_svg_of_a_long_chain_folds_the_deep_levels(queue: Queue) -> None:
+    """A chain deeper than MAX_LEVELS draws its first levels and one node for the rest, so the
+    drawing of a 5,000-level chain stays kilobytes (it was 2 MB)."""
+    with queue.workflow("long") as wf:
+        last = queue.enqueue({"n": 0})
+        for n in range(1, MAX_LEVELS + 50):
+            last = queue.enqueue({"n": n}, after=[last])
+    drawing = svg(queue.manager.graph(wf))
+    assert sorted(nodes(drawing)) == [j.id for j in wf.jobs[:MAX_LEVELS]]
+    assert "data-count='50'" in drawing and f"levels {MAX_LEVELS} and deeper: 50 blocked" in drawing
+    assert len(drawing) < 120_000
 
 
 def test_cli_graph_and_steps(queue: Queue, queue_target: str) -> None:

@@ -579,6 +579,83 @@ def test_a_lock_held_elsewhere_is_waited_out_and_nothing_is_written_twice(
     assert place.rows_by_status() == q.counts()
 
 
+@contextmanager
+def held_for_good(server: str, statement: str) -> Iterator[None]:
+    """Another session runs `statement` (a lock it then holds) and keeps it until the block ends."""
+    import psycopg
+
+    with psycopg.connect(server) as conn:  # a transaction: the lock is held until it ends
+        conn.execute(statement)
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+def test_a_lock_held_for_good_fails_the_kernels_enqueue_board_and_cancel_with_a_storage_error(
+    pg_url: str, pg_server: str
+) -> None:
+    """PostgreSQL: another session holds ACCESS EXCLUSIVE on the jobs table and never lets go.
+    The kernel's thread (here pytest's main thread: where a notebook's cells, board and buttons
+    run) waits `lock_wait` seconds at most per call, then gets a StorageError naming the lock
+    wait; nothing is written. (A lock held for 2 s is still waited out: the test above.)"""
+    q = Queue(f"{pg_url}&lock_wait=1")
+    try:
+        job = q.enqueue({"before": "the lock"})
+        schema = pg_url.rsplit("schema=", 1)[1]
+        with held_for_good(pg_server, f'LOCK TABLE "{schema}".nbqueue_jobs IN ACCESS EXCLUSIVE MODE'):
+            for call in (lambda: q.enqueue({"during": "the lock"}), lambda: q.jobs(), lambda: q.cancel(job)):
+                began = time.monotonic()
+                with pytest.raises(
+                    nbqueue.StorageError, match="waiting 1 s for a lock another session holds"
+                ):
+                    call()
+                waited = time.monotonic() - began
+                assert 0.9 < waited < 3.5, f"gave up after {waited:.2f} s, not after lock_wait (1 s)"
+        assert [(j.id, j.status.value) for j in q.jobs()] == [(job.id, "pending")], "something was written"
+    finally:
+        q.close()
+
+
+def test_the_advisory_lock_held_for_good_fails_the_open_with_a_storage_error(
+    pg_url: str, pg_server: str
+) -> None:
+    """PostgreSQL: any role that can connect can hold the advisory lock nbqueue takes to migrate
+    the schema; opening the queue then gives up after lock_wait, naming that lock, on any thread."""
+    Queue(pg_url).close()  # the schema exists: the open only checks its version, under the lock
+    schema = pg_url.rsplit("schema=", 1)[1]
+    failures: list[BaseException] = []
+
+    def open_it() -> None:
+        try:
+            Queue(f"{pg_url}&lock_wait=1").close()
+        except BaseException as exc:
+            failures.append(exc)
+
+    with held_for_good(pg_server, f"SELECT pg_advisory_lock(hashtext('nbqueue:{schema}'))"):
+        for where in ("main", "thread"):
+            began = time.monotonic()
+            if where == "main":
+                open_it()
+            else:
+                opener = threading.Thread(target=open_it)
+                opener.start()
+                opener.join(30)
+            waited = time.monotonic() - began
+            assert len(failures) == 1, f"the open ({where}) did not fail: {failures}"
+            error = failures.pop()
+            assert isinstance(error, nbqueue.StorageError), repr(error)
+            assert f"advisory lock hashtext('nbqueue:{schema}')" in str(error)
+            assert 0.9 < waited < 3.5, f"the open ({where}) gave up after {waited:.2f} s, not after 1 s"
+    Queue(f"{pg_url}&lock_wait=1").close()  # let go: it opens
+
+
+def test_lock_wait_must_be_a_positive_number_of_seconds(pg_url: str) -> None:
+    for bad in ("0", "-1", "soon", "nan", "1e9"):
+        with pytest.raises(nbqueue.InvalidArgument, match="lock_wait must be a number of seconds"):
+            Queue(f"{pg_url}&lock_wait={bad}")
+
+
 # -- the disk fills up ------------------------------------------------------------------------
 
 

@@ -656,6 +656,183 @@ def test_steps_in_process_mode_survive_a_retry(queue: Queue, tmp_path: Path) -> 
     }
 
 
+# -- 7. cascades walk the children, not the state index ----------------------------------------
+
+#: The statements a cascade runs per level: each must start from the parents' edges.
+CASCADE_STATEMENTS = ("CHILDREN_BLOCKED", "CHILDREN_WAITING", "DOOMED_BY")
+
+
+def chain(q: Queue, length: int) -> list[Job]:
+    """`length` jobs, each waiting for the one before, written as one workflow."""
+    with q.workflow("chain") as wf:
+        last = q.enqueue({"level": 0})
+        for level in range(1, length):
+            last = q.enqueue({"level": level}, after=[last])
+    return wf.jobs
+
+
+def cascade_plans(q: Queue, parent: int, root: int) -> dict[str, str]:
+    """Each cascade statement's plan (EXPLAIN QUERY PLAN / EXPLAIN), for the children of `parent`."""
+    storage: Any = q.manager.storage
+    if q.target.startswith("postgresql"):
+        import psycopg
+
+        from nbqueue.storage import postgres_queries as pg_sql
+
+        params = {"ids": [parent], "root": root}
+        with psycopg.connect(storage.conninfo) as conn:
+            # A table this small is read whole by any plan: seq scans off, the plan among indexes shows.
+            conn.execute(f'SET search_path TO "{storage.schema}"; SET enable_seqscan = off')
+            return {
+                name: "\n".join(str(r[0]) for r in conn.execute("EXPLAIN " + getattr(pg_sql, name), params))
+                for name in CASCADE_STATEMENTS
+            }
+    from nbqueue.storage import sqlite_queries as lite_sql
+
+    conn, _ = storage._write_conn()
+    params = {"ids": f"[{parent}]", "root": root}
+    return {
+        name: "\n".join(
+            str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + getattr(lite_sql, name), params)
+        )
+        for name in CASCADE_STATEMENTS
+    }
+
+
+def test_a_cascade_walks_the_edges_of_its_parents_not_every_blocked_job(queue: Queue) -> None:
+    """A cascade (a parent finished, cancelled or requeued) reads each level's children from the
+    edges by parent, then each child by its id: the plan never starts from the state index (which
+    made each level of a 5,000-level chain read every blocked or upstream_failed job: requeue of
+    its root held SQLite's write lock 12-17 s). Checked on a chain's plans, statement by statement."""
+    jobs = chain(queue, 300)
+    queue.cancel(jobs[0])  # 299 upstream_failed jobs, then (requeued) 299 blocked ones
+    for moment in ("doomed", "requeued"):
+        assert queue.counts()["upstream_failed" if moment == "doomed" else "blocked"] == 299
+        for name, plan in cascade_plans(queue, jobs[5].id, jobs[0].id).items():
+            assert "nbqueue_status" not in plan, f"{name} ({moment}) starts from the state index:\n{plan}"
+            if queue.target.startswith("postgresql"):
+                assert "nbqueue_edges_pkey" in plan and "nbqueue_jobs_pkey" in plan, f"{name}:\n{plan}"
+            else:
+                assert "SEARCH e USING PRIMARY KEY (parent=?)" in plan, f"{name}:\n{plan}"
+                assert "SEARCH c USING INTEGER PRIMARY KEY (rowid=?)" in plan, f"{name}:\n{plan}"
+        if moment == "doomed":
+            queue.requeue(jobs[0])
+
+
+@pytest.mark.slow
+def test_cancel_and_requeue_of_a_5000_level_chain_root_move_the_whole_chain(queue: Queue) -> None:
+    """Cancelling a 5,000-level chain's root dooms every level (each naming the root); requeueing
+    it blocks them all again, each waiting for its one parent; twice over. (Timed by hand, see
+    RELIABILITY.md: each is well under a second on SQLite, where it held the lock 5-17 s.)"""
+    jobs = chain(queue, 5_000)
+    root, rest = jobs[0], [j.id for j in jobs[1:]]
+    for _ in range(2):
+        assert queue.cancel(root).status is State.CANCELLED
+        doomed = queue.get_many(rest)
+        assert {(j.status, j.root_cause) for j in doomed} == {(State.UPSTREAM_FAILED, root.id)}
+        assert f"job {root.id} ended cancelled" in (doomed[-1].error or "")
+        assert queue.requeue(root) == 1
+        again = queue.get_many(rest)
+        assert {(j.status, j.parents_left, j.error) for j in again} == {(State.BLOCKED, 1, None)}
+        assert queue.get(root.id).status is State.PENDING
+    assert queue.counts() == {**{s.value: 0 for s in State}, "pending": 1, "blocked": 4_999}
+
+
+# -- 8. families: what a running job makes --------------------------------------------------------
+
+
+def test_a_job_that_enqueues_two_of_itself_stops_at_the_family_limit(make_queue: MakeQueue) -> None:
+    """A job that enqueues two copies of itself doubles each generation (19,022 jobs in 10 s, with
+    nothing to stop them). Its family (the first job, what it made, what those made...) holds at
+    most `family_limit` jobs: the enqueue past it raises FamilyTooLarge, nothing is written, and
+    the job that tried is dead with that error. Jobs outside the family are not held back."""
+    queue = make_queue(family_limit=30)
+
+    @queue.task(name="family.doubling", max_retries=0)
+    def doubling(generation: int) -> int:
+        doubling.enqueue(generation + 1)
+        doubling.enqueue(generation + 1)
+        return generation
+
+    first = doubling.enqueue(0)
+    worker = queue.worker(concurrency=2, lease=30).start()
+    try:
+        wait_until(
+            lambda: queue.counts()["pending"] + queue.counts()["running"] == 0, 60, "the family stopped"
+        )
+    finally:
+        assert worker.stop(timeout=30)
+    jobs = queue.jobs(limit=1_000)
+    assert len(jobs) == 1 + 30, f"{len(jobs)} jobs: the family was not held at 30 made jobs"
+    refused = [j for j in jobs if j.status is State.DEAD]
+    assert refused, "no job was refused its child"
+    assert all(
+        "FamilyTooLarge" in (j.error or "") and "family_limit (30)" in (j.error or "") for j in refused
+    )
+    assert {j.status for j in jobs} == {State.COMPLETED, State.DEAD}
+    assert max(j.value for j in jobs if j.status is State.COMPLETED) < 6  # a tree, not a chain
+    outsider = queue.enqueue({"not": "family"})  # the test's own enqueue is in no family
+    assert queue.get(outsider.id).status is State.PENDING
+    assert queue.get(first.id).status is State.COMPLETED
+    with pytest.raises(nbqueue.InvalidArgument, match="family_limit"):
+        make_queue(family_limit=0)
+
+
+def test_cancelling_a_job_cancels_what_it_made_and_what_those_made(queue: Queue) -> None:
+    """A running job makes two children (they run and each makes a grandchild) and one child that
+    waits. Cancelling it cancels, in the same transaction, every unfinished job in its line: the
+    waiting child and both grandchildren (found through the finished children); finished jobs stay
+    as they are, a job outside the family that waited for a grandchild is upstream_failed, and an
+    unrelated job stays pending. The cancelled job's code, still running, cannot make more."""
+    ids: dict[str, Any] = {}
+    let_go = threading.Event()
+
+    @queue.task(name="family.grandchild")
+    def grandchild() -> int:
+        return 1
+
+    @queue.task(name="family.child")
+    def child(i: int) -> int:
+        return grandchild.schedule(queue="idle").id
+
+    @queue.task(name="family.parent")
+    def parent() -> None:
+        ids["kids"] = [child.schedule(args=(i,), queue="kids").id for i in range(2)]
+        ids["waiting"] = child.schedule(args=(99,), queue="idle").id
+        let_go.wait(60)
+        try:  # cancelled, its code still runs: it makes nothing more
+            child.schedule(args=(100,), queue="idle")
+        except nbqueue.NbqueueError as exc:
+            ids["late"] = exc
+
+    top = parent.enqueue()
+    unrelated = queue.enqueue({"unrelated": True}, queue="idle")
+    worker = queue.worker(queues=["default", "kids"], concurrency=3, lease=30).start()
+    try:
+        wait_until(lambda: len(ids) == 2 and queue.counts("kids")["completed"] == 2, 30, "the children ran")
+        grandchildren = sorted(queue.get(k).value for k in ids["kids"])
+        waits_for_one = queue.enqueue({"outside": "the family"}, queue="idle", after=[grandchildren[0]])
+        assert queue.get(top.id).status is State.RUNNING
+        assert queue.cancel(top).status is State.CANCELLED
+        let_go.set()
+        wait_until(lambda: "late" in ids, 10, "the cancelled job tried to make one more")
+    finally:
+        let_go.set()
+        assert worker.stop(timeout=30)
+    assert isinstance(ids["late"], nbqueue.InvalidTransition) and "was cancelled" in str(ids["late"])
+    assert len(queue.jobs(limit=100)) == 8, "a job was made after its maker was cancelled"
+    states = {j.id: j.status for j in queue.get_many([*ids["kids"], ids["waiting"], *grandchildren])}
+    assert states == {
+        **dict.fromkeys(ids["kids"], State.COMPLETED),
+        ids["waiting"]: State.CANCELLED,
+        **dict.fromkeys(grandchildren, State.CANCELLED),
+    }
+    outside = queue.get(waits_for_one.id)
+    assert (outside.status, outside.root_cause) == (State.UPSTREAM_FAILED, grandchildren[0])
+    assert queue.get(unrelated.id).status is State.PENDING
+    assert queue.get(top.id).status is State.CANCELLED
+
+
 ROLES = {"worker": role_worker}
 
 if __name__ == "__main__":

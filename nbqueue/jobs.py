@@ -432,8 +432,6 @@ def from_row(row: Sequence[Any]) -> Job:
             beyond reason, a state or backoff that does not exist): never pickle,
             never eval, and never a raw error from deep inside a decoder.
     """
-    from .options import read_stored  # noqa: PLC0415 - options imports this module (via dependencies)
-
     try:
         return Job(
             id=int(row[0]),
@@ -462,7 +460,7 @@ def from_row(row: Sequence[Any]) -> Job:
             progress_total=row[23],
             progress_message=_text(row[24]),
             signature=_text(row[25]),
-            limits=read_stored(row[26]),
+            limits=_limits(row[26]),
             snoozes=_integer(row[27]),
             parents_left=_integer(row[28]),
             when=_text(row[29]),
@@ -511,6 +509,19 @@ def _required_text(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a text column, found {type(value).__name__}")
     return value
+
+
+def _limits(value: Any) -> dict[str, int]:
+    """A job's stored limits: a JSON object of key -> whole units (nbqueue.options checks them
+    fully at enqueue and at the claim)."""
+    if value is None or value == "":
+        return {}
+    found = json.loads(_required_text(value))
+    if not isinstance(found, dict) or not all(
+        isinstance(key, str) and _integer(units) >= 1 for key, units in found.items()
+    ):
+        raise ValueError(f"limits are not a JSON object of key -> whole units: {value[:80]!r}")
+    return found
 
 
 def _integer(value: Any) -> int:

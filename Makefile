@@ -6,18 +6,20 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=120
+# Test processes for the fast set: two cores, shared with the PostgreSQL server.
+JOBS   ?= 4
 # `make bench` runs in a venv of its own: this checkout plus the peers it is measured against
 # (huey, litequeue, procrastinate, pgqueuer), so .venv (and a plain worker install) stays small.
 BENCH_VENV  ?= .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
 BENCH_PEERS := huey litequeue procrastinate 'pgqueuer[asyncpg]'
 
-.PHONY: help install test test-fast test-ui soak lint demo lab bench bounds clean
+.PHONY: help install test test-fast test-notebooks test-slow test-ui soak lint demo lab bench bounds clean
 
 help:
 	@echo "make demo     run a short real scenario, then execute the quickstart notebook into build/"
-	@echo "make test     install into .venv, lint, run the tests and the tutorial notebooks"
-	@echo "make test-fast  the everyday loop (under a minute): tests not marked slow or ui, four processes"
+	@echo "make test     install into .venv, lint, run the tests and the tutorial notebooks (under eight minutes)"
+	@echo "make test-fast  the everyday loop (under a minute): tests not marked slow or ui, in $(JOBS) processes"
 	@echo "make test-ui  JupyterLab in headless Chromium: the board and dead-letter view really work"
 	@echo "make soak     the reliability suite, long: 500 worker kills, 100,000 contended jobs (NBQUEUE_SOAK=2 doubles it)"
 	@echo "make lab      open JupyterLab on notebooks/"
@@ -37,15 +39,23 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check nbqueue tests benchmarks
 	$(BIN)/mypy
 
-# Everything: the tests not marked slow or ui in four processes (as test-fast), then the slow
-# and browser ones one at a time (they time kills, faults and kernels, so they run alone).
+# Everything: lint and the fast set first (a broken change fails in a minute), then the
+# notebooks, then the slow and browser tests one at a time (they time kills, faults and kernels,
+# so they run alone). The fast set runs its hypothesis models at full size here.
 test: lint
-	$(BIN)/python -m pytest $(NBVAL) notebooks
-	$(BIN)/python -m pytest -m "not slow and not ui" -n 4 -p no:cacheprovider
-	$(BIN)/python -m pytest -m "slow or ui"
+	$(BIN)/python -m pytest -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
+	$(MAKE) test-notebooks test-slow
 
+# The everyday loop: the models at fewer examples (NBQUEUE_TEST_PROFILE=fast), the slowest ten
+# named at the end; the pytest cache is on, so `pytest --lf` reruns what failed.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not ui" -n 4 -p no:cacheprovider
+	NBQUEUE_TEST_PROFILE=fast $(BIN)/python -m pytest -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
+
+test-notebooks: $(STAMP)
+	$(BIN)/python -m pytest $(NBVAL) notebooks
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m "slow or ui" --durations=10
 
 test-ui: $(STAMP)
 	$(BIN)/python -m pytest -m ui tests/ui

@@ -24,12 +24,15 @@ from .rules import (
     NO_LIMITS_NO_SCAN,
     REPLAYABLE_SQL,
     REQUEUEABLE_SQL,
+    RUN_ENDED_SQL,
     UNFINISHED_SQL,
     key_is_free,
+    signed_run,
     status_in,
 )
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
+SIGNED, NONCE = signed_run("new")
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
@@ -190,6 +193,31 @@ MIGRATIONS: dict[int, list[str]] = {
         "WHEN (OLD.status IS DISTINCT FROM NEW.status "
         "AND (OLD.status = 'running' OR NEW.status = 'running')) "
         "EXECUTE FUNCTION {s}.nbqueue_attempt()",
+    ],
+    # Signed jobs bound to one run (the same meaning as SQLite's version 9); a signature also
+    # covers the schema's name, so a row copied into another schema never verifies.
+    9: [
+        "CREATE TABLE {s}.nbqueue_identity (value TEXT NOT NULL)",
+        "INSERT INTO {s}.nbqueue_identity "
+        "VALUES (md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text))",
+        "CREATE TABLE {s}.nbqueue_runs (nonce TEXT PRIMARY KEY, job_id BIGINT NOT NULL, finished_at BIGINT, "
+        "result_mac TEXT)",
+        f"""CREATE FUNCTION {{s}}.nbqueue_run() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.status = 'running' THEN
+                INSERT INTO {{s}}.nbqueue_runs (nonce, job_id) VALUES ({NONCE}, NEW.id)
+                    ON CONFLICT (nonce) DO NOTHING;
+            ELSE
+                INSERT INTO {{s}}.nbqueue_runs AS r (nonce, job_id, finished_at)
+                    VALUES ({NONCE}, NEW.id, NEW.updated_at)
+                    ON CONFLICT (nonce) DO UPDATE SET finished_at = EXCLUDED.finished_at
+                    WHERE r.job_id = EXCLUDED.job_id;
+            END IF;
+            RETURN NULL;
+        END $$""",
+        "CREATE TRIGGER nbqueue_run AFTER UPDATE OF status ON {s}.nbqueue_jobs FOR EACH ROW "
+        f"WHEN (OLD.status IS DISTINCT FROM NEW.status AND (NEW.status = 'running' OR {RUN_ENDED_SQL}) "
+        f"AND {SIGNED}) EXECUTE FUNCTION {{s}}.nbqueue_run()",
     ],
 }
 
@@ -589,8 +617,12 @@ REFUSE = (
 )
 SIGN = (
     "UPDATE nbqueue_jobs SET signature = %(signature)s WHERE id = %(id)s AND payload = %(payload)s "
-    "RETURNING 1"
+    "AND signature IS NOT DISTINCT FROM %(old)s::text RETURNING 1"
 )
+SIGNED_AS = "SELECT true FROM nbqueue_jobs WHERE id = %(id)s AND signature = %(signature)s"  # a lost reply
+IDENTITY_VALUE = "SELECT value FROM nbqueue_identity"
+RUNS = "SELECT nonce, job_id, finished_at, result_mac FROM nbqueue_runs WHERE nonce = ANY(%(nonces)s::text[])"
+VOUCH = "UPDATE nbqueue_runs SET result_mac = %(mac)s WHERE nonce = %(nonce)s AND job_id = %(id)s RETURNING 1"
 BURY = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'dead', error = %(error)s, lease_until = NULL, "
     "finished_at = c.now, updated_at = c.now FROM c WHERE id = %(id)s AND status = 'running' "

@@ -25,6 +25,7 @@ import pytest
 import nbqueue
 from nbqueue import Queue, signing
 from nbqueue.cells import CELL_TASK, register_cell_task
+from nbqueue.trust import covered
 from tests.helpers import MakeQueue
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,11 +69,11 @@ def notebook_task(q: Queue, name: str) -> Any:
 def test_a_signed_job_of_this_user_runs(queue: Queue, tmp_path: Path) -> None:
     task = notebook_task(queue, "sig.write")
     job = task.enqueue(str(tmp_path / "mine"))
-    assert job.signature and signing.verify(
-        "sig.write",
-        json.dumps({"args": [str(tmp_path / "mine")], "kwargs": {}}, separators=(",", ":")),
-        job.signature,
+    row = queue.manager.storage.get(job.id)
+    assert row is not None and row[4] == json.dumps(
+        {"args": [str(tmp_path / "mine")], "kwargs": {}}, separators=(",", ":")
     )
+    assert job.signature and signing.verify_job(queue.manager.trust.identity, covered(row), job.signature)
     queue.worker(lease=5).run_until_idle(timeout=20)
     assert queue.get(job.id).value == "ran"
     assert (tmp_path / "mine").read_text() == "ran"

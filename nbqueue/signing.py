@@ -86,12 +86,13 @@ def _read_private(path: Path) -> bytes:
         link = os.path.islink(path)
         why = "is a symlink; give the file itself" if link else f"cannot be read ({exc.strerror})"
         raise SigningError(f"the signing secret {path} {why}") from None
+    info = os.fstat(handle)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(handle)
+        raise SigningError(
+            f"the signing secret {path} is not a regular file; delete it and a new one is made"
+        )
     with os.fdopen(handle, "rb") as source:
-        info = os.fstat(source.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise SigningError(
-                f"the signing secret {path} is not a regular file; delete it and a new one is made"
-            )
         if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise SigningError(
                 f"the signing secret {path} must belong to you and be private (chmod 600 {path}); "

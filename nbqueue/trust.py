@@ -129,4 +129,3 @@ class Trust:
         if found is None or not found.signed or nonce is None:
             return
         self.storage.vouch(nonce, job_id, signing.vouch(self.identity, nonce, result))
-

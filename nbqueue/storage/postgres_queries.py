@@ -202,7 +202,10 @@ MIGRATIONS: dict[int, list[str]] = {
         "VALUES (md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text))",
         "CREATE TABLE {s}.nbqueue_runs (nonce TEXT PRIMARY KEY, job_id BIGINT NOT NULL, finished_at BIGINT, "
         "result_mac TEXT)",
-        f"""CREATE FUNCTION {{s}}.nbqueue_run() RETURNS trigger LANGUAGE plpgsql AS $$
+        # As its owner: a role allowed to change jobs (cancel one) needs no right on nbqueue_runs,
+        # so the owner can keep others from rewriting it (which would let a run start again).
+        f"""CREATE FUNCTION {{s}}.nbqueue_run() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+        SET search_path = pg_catalog, pg_temp AS $$
         BEGIN
             IF NEW.status = 'running' THEN
                 INSERT INTO {{s}}.nbqueue_runs (nonce, job_id) VALUES ({NONCE}, NEW.id)

@@ -325,6 +325,26 @@ def test_requeue_and_replay_of_a_signed_job_give_it_a_fresh_signed_run(
     assert runs(folder / "a") == ["a"] and runs(folder / "b") == ["b"] and runs(log) == ["again", "again"]
 
 
+def test_requeue_never_signs_again_a_row_changed_while_it_was_dead(
+    queue_target: str, make_queue: MakeQueue, tmp_path: Path
+) -> None:
+    """A fresh signature goes only to a row whose signature verifies: an altered one stays refused."""
+    q = make_queue()
+    task = counting_task(q)
+    folder = tmp_path / "later"
+    job = task.schedule((str(folder / "mine"), "x"), max_retries=0)
+    q.worker(lease=5).run_until_idle(timeout=20)
+    assert q.get(job.id).status == "dead"
+    folder.mkdir()
+    theirs = folder / "theirs"
+    set_columns(queue_target, job.id, payload=json.dumps({"args": [str(theirs), "x"], "kwargs": {}}))
+    assert q.requeue(job) == 1
+    q.worker(lease=5).run_until_idle(timeout=20)
+    refused = q.get(job.id)
+    assert refused.status == "pending" and "not signed by this notebook's user" in (refused.error or "")
+    assert not theirs.exists()
+
+
 def test_a_signed_row_copied_into_another_queue_database_never_runs(
     queue_target: str, make_queue: MakeQueue, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -711,7 +711,7 @@ class PostgresStorage:
     def identity(self) -> str:
         row = self._one(sql.IDENTITY_VALUE)
         if row is None:
-            raise StorageError(f"{self._where}: the queue's identity row (nbqueue_identity) is missing")
+            raise StorageError(f"{self._where}: the queue's identity row (nbqueue_info) is missing")
         return f"{row[0]}/{self.schema}"  # a row copied into another schema never verifies
 
     def runs(self, nonces: Sequence[str]) -> dict[str, Row]:

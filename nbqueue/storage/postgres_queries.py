@@ -197,9 +197,9 @@ MIGRATIONS: dict[int, list[str]] = {
     # Signed jobs bound to one run (the same meaning as SQLite's version 9); a signature also
     # covers the schema's name, so a row copied into another schema never verifies.
     9: [
-        "CREATE TABLE {s}.nbqueue_identity (value TEXT NOT NULL)",
-        "INSERT INTO {s}.nbqueue_identity "
-        "VALUES (md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text))",
+        "CREATE TABLE {s}.nbqueue_info (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "INSERT INTO {s}.nbqueue_info "
+        "VALUES ('identity', md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text))",
         "CREATE TABLE {s}.nbqueue_runs (nonce TEXT PRIMARY KEY, job_id BIGINT NOT NULL, finished_at BIGINT, "
         "result_mac TEXT)",
         # As its owner: a role allowed to change jobs (cancel one) needs no right on nbqueue_runs,
@@ -623,7 +623,7 @@ SIGN = (
     "AND signature IS NOT DISTINCT FROM %(old)s::text RETURNING 1"
 )
 SIGNED_AS = "SELECT true FROM nbqueue_jobs WHERE id = %(id)s AND signature = %(signature)s"  # a lost reply
-IDENTITY_VALUE = "SELECT value FROM nbqueue_identity"
+IDENTITY_VALUE = "SELECT value FROM nbqueue_info WHERE name = 'identity'"
 RUNS = "SELECT nonce, job_id, finished_at, result_mac FROM nbqueue_runs WHERE nonce = ANY(%(nonces)s::text[])"
 VOUCH = "UPDATE nbqueue_runs SET result_mac = %(mac)s WHERE nonce = %(nonce)s AND job_id = %(id)s RETURNING 1"
 BURY = (

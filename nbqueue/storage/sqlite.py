@@ -598,7 +598,7 @@ class SQLiteStorage:
     def identity(self) -> str:
         rows = self._read(sql.IDENTITY_VALUE)
         if not rows:
-            raise StorageError(f"{self.path}: the queue's identity row (nbqueue_identity) is missing")
+            raise StorageError(f"{self.path}: the queue's identity row (nbqueue_info) is missing")
         return str(rows[0][0])
 
     def runs(self, nonces: Sequence[str]) -> dict[str, Row]:

@@ -244,8 +244,8 @@ MIGRATIONS: dict[int, str] = {
     # when that run ended and the MAC of its result, kept by triggers (every claim and every
     # end, in its own transaction). Rows stay when jobs are deleted: a copy never runs later.
     9: f"""
-    CREATE TABLE nbqueue_identity (value TEXT NOT NULL);
-    INSERT INTO nbqueue_identity VALUES (lower(hex(randomblob(16))));
+    CREATE TABLE nbqueue_info (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+    INSERT INTO nbqueue_info VALUES ('identity', lower(hex(randomblob(16))));
     CREATE TABLE nbqueue_runs (
         nonce TEXT PRIMARY KEY, job_id INTEGER NOT NULL, finished_at INTEGER, result_mac TEXT
     ) WITHOUT ROWID;
@@ -571,7 +571,7 @@ SIGN = (
     "UPDATE nbqueue_jobs SET signature = :signature WHERE id = :id AND payload = :payload "
     "AND signature IS :old"
 )
-IDENTITY_VALUE = "SELECT value FROM nbqueue_identity"
+IDENTITY_VALUE = "SELECT value FROM nbqueue_info WHERE name = 'identity'"
 RUNS = (
     "SELECT nonce, job_id, finished_at, result_mac FROM nbqueue_runs "
     "WHERE nonce IN (SELECT value FROM json_each(:nonces))"

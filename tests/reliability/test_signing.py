@@ -364,7 +364,7 @@ def test_a_signed_row_copied_into_another_queue_database_never_runs(
         first = queue_target.split("?schema=")[1]
         execute(
             other_target,
-            f'UPDATE "{schema}".nbqueue_identity SET value = (SELECT value FROM "{first}".nbqueue_identity)',
+            f'UPDATE "{schema}".nbqueue_info SET value = (SELECT value FROM "{first}".nbqueue_info)',
         )
     [copy] = copy_row(queue_target, job.id, into=other_target)
     other.worker(lease=5).run_until_idle(timeout=20)

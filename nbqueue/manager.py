@@ -131,7 +131,7 @@ class JobManager:
 
     def __init__(self, storage: Storage, clock: Clock | None = None, backoff: Backoff | None = None) -> None:
         self.storage = storage
-        self.trust = Trust(storage)  # signed jobs: signed for one run in this database
+        self.trust = Trust(storage.identity, storage.runs, storage.vouch)  # signed: one run, one database
         self.clock: Clock = clock or system_clock
         self.backoff = backoff or Backoff()
         self.periodics: dict[str, Periodic] = {}

@@ -15,12 +15,16 @@ without a signature pay nothing for any of this.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from . import policy, signing
 from . import tasks as registry
 from .jobs import State
-from .storage import NewJob, Row, Storage
+
+Row = tuple[Any, ...]  # a job row in nbqueue.jobs.COLUMNS order, or a run (nonce, job_id, finished_at, mac)
+Runs = Callable[[Sequence[str]], dict[str, Row]]  # the storage's `runs`
+Vouch = Callable[[str, int, str], bool]  # the storage's `vouch`
 
 # Positions in nbqueue.jobs.COLUMNS of what a signature covers, and of the rest read here.
 ID, STATUS, QUEUE, TASK, PAYLOAD, MAX_RETRIES, TIMEOUT, BACKOFF, RESULT, SIGNATURE, LIMITS = (
@@ -41,21 +45,34 @@ def covered(row: Row, payload: str | None = None) -> signing.Covered:
     )
 
 
-class Trust:
-    """Signs and checks one queue database's signed jobs."""
+class Writing(Protocol):
+    """A job about to be written (storage.NewJob): what its signature covers."""
 
-    def __init__(self, storage: Storage) -> None:
-        self.storage = storage
+    task: str | None
+    payload: str
+    queue: str
+    max_retries: int
+    timeout: float | None
+    backoff: str
+    limits: str | None
+
+
+class Trust:
+    """Signs and checks one queue database's signed jobs, through the storage verbs it is given
+    (the manager's: nothing above it touches storage)."""
+
+    def __init__(self, identity: Callable[[], str], runs: Runs, vouch: Vouch) -> None:
+        self._read_identity, self._runs, self._vouch = identity, runs, vouch
         self._identity: str | None = None
 
     @property
     def identity(self) -> str:
         """The database's identity (read once: it never changes)."""
         if self._identity is None:
-            self._identity = self.storage.identity()
+            self._identity = self._read_identity()
         return self._identity
 
-    def sign(self, new: NewJob) -> str:
+    def sign(self, new: Writing) -> str:
         """A new job's signature (a fresh nonce)."""
         assert new.task is not None
         job = signing.Covered(
@@ -71,7 +88,7 @@ class Trust:
             return None
         nonce = signing.nonce_of(row[SIGNATURE])
         assert nonce is not None
-        run = self.storage.runs([nonce]).get(nonce)
+        run = self._runs([nonce]).get(nonce)
         if run is not None and int(run[1]) != int(row[ID]):
             return None
         return signing.sign_job(self.identity, covered(row, payload))
@@ -89,7 +106,7 @@ class Trust:
             return policy.NOT_SIGNED
         nonce = signing.nonce_of(signature)
         assert nonce is not None
-        run = self.storage.runs([nonce]).get(nonce)  # bound by the claim's own trigger
+        run = self._runs([nonce]).get(nonce)  # bound by the claim's own trigger
         if run is None or int(run[1]) != int(row[ID]):
             return policy.signed_copy(None if run is None else int(run[1]))
         if run[2] is not None:
@@ -100,7 +117,7 @@ class Trust:
         """Why a signed job may not take these parents' results (None: each was recorded by a
         signed run of this user and is unchanged since)."""
         nonces = {p: signing.nonce_of(row[SIGNATURE]) for p, row in parents.items()}
-        runs = self.storage.runs([n for n in nonces.values() if n is not None])
+        runs = self._runs([n for n in nonces.values() if n is not None])
         for parent in dict.fromkeys(wanted):
             row = parents.get(parent)
             nonce = nonces.get(parent)
@@ -128,4 +145,4 @@ class Trust:
         nonce = signing.nonce_of(signature)
         if found is None or not found.signed or nonce is None:
             return
-        self.storage.vouch(nonce, job_id, signing.vouch(self.identity, nonce, result))
+        self._vouch(nonce, job_id, signing.vouch(self.identity, nonce, result))

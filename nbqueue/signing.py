@@ -150,14 +150,11 @@ def sign_job(database: str, job: Covered) -> str:
 
 def nonce_of(signature: str | None) -> str | None:
     """The nonce of a signature of the current form (None: none, or of another form)."""
-    if not signature or not signature.startswith(f"{VERSION}."):
+    prefix = f"{VERSION}."
+    if not signature or not signature.startswith(prefix):
         return None
-    nonce = signature[len(VERSION) + 1 : len(VERSION) + 1 + NONCE_CHARS]
-    return (
-        nonce
-        if len(nonce) == NONCE_CHARS and signature[len(VERSION) + 1 + NONCE_CHARS :][:1] == "."
-        else None
-    )
+    nonce, dot, _ = signature[len(prefix) :].partition(".")
+    return nonce if dot and len(nonce) == NONCE_CHARS else None
 
 
 def verify_job(database: str, job: Covered, signature: str | None) -> bool:

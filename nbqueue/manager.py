@@ -56,6 +56,7 @@ from .retry import Backoff
 from .schedule import Cron, Every
 from .storage import ClaimRequest, Completion, Filter, NewJob, Row, StepRecord, Storage, StoredSchedule
 from .tasks import Task
+from .trust import Trust
 from .workflows import Plan, Planned, Workflow
 
 log = logging.getLogger("nbqueue.manager")
@@ -131,6 +132,7 @@ class JobManager:
 
     def __init__(self, storage: Storage, clock: Clock | None = None, backoff: Backoff | None = None) -> None:
         self.storage = storage
+        self.trust = Trust(storage.identity, storage.runs, storage.vouch)  # signed: one run, one database
         self.clock: Clock = clock or system_clock
         self.backoff = backoff or Backoff()
         self.periodics: dict[str, Periodic] = {}
@@ -228,8 +230,9 @@ class JobManager:
 
     def _new_from_plan(self, plan: Plan, ids: dict[int, int], workflow: int | None) -> NewJob:
         body = self._body(plan, ids)
-        signature = signing.sign(plan.task, body) if plan.signed and plan.task else None
-        new = self._new_job(plan.task, body, plan.options, plan.backoff, signature)
+        new = self._new_job(
+            plan.task, body, plan.options, plan.backoff, plan.signed and plan.task is not None
+        )
         parents = tuple(dependencies.job_ref(p, ids) for p in plan.parents)
         if not parents and plan.origin is None and workflow is None:
             return new
@@ -258,7 +261,7 @@ class JobManager:
         body: str,
         options: JobOptions,
         backoff: Backoff | None,
-        signature: str | None = None,
+        signed: bool = False,
     ) -> NewJob:
         policy_text = (
             self._default_backoff if backoff is None else payload_json.dumps(backoff.to_dict(), "backoff")
@@ -266,7 +269,7 @@ class JobManager:
         held = options.limits or {}
         if held:
             self._limited.clear()  # this process now has limited work: claims weigh limits at once
-        return NewJob(
+        new = NewJob(
             queue=options.queue,
             task=task,
             payload=body,
@@ -277,10 +280,12 @@ class JobManager:
             run_at_us=None if options.run_at is None else to_us(utc_seconds(options.run_at, "run_at")),
             timeout=options.timeout,
             backoff=policy_text,
-            signature=signature,
             limits=stored(held),
             gate=gate(held),
         )
+        if signed:
+            new.signature = self.trust.sign(new)
+        return new
 
     def _insert_one(self, new: NewJob) -> Job:
         [(job_id, created, created_at)] = self.storage.insert([new], self.stamp())
@@ -431,15 +436,18 @@ class JobManager:
         except DamagedJob as exc:
             self.storage.bury(int(row[0]), str(exc), self.stamp())
             return None
-        signed = request.where.signed or ()
-        if job.task in signed and not signing.verify(job.task, row[4], job.signature):
-            log.warning("job %d of task %s is not signed by this user: refused", job.id, job.task)
-            self.storage.refuse(job.id, job.attempts, policy.NOT_SIGNED, self.stamp())
-            return None
-        if dependencies.MARK in row[4]:  # result_of placeholders: the parents' results, now final
+        signed = job.task in (request.where.signed or ())
+        refusal = self.trust.refusal(row) if signed else None
+        if refusal is None and dependencies.MARK in row[4]:  # result_of: the parents' results, now final
             wanted = dependencies.markers(job.payload)
-            parents = {p.id: (p.status, p.value, p.error) for p in map(listed, self.storage.get_many(wanted))}
+            rows = {int(r[0]): r for r in self.storage.get_many(wanted)}
+            refusal = self.trust.parents_refusal(rows, wanted) if signed else None
+            parents = {p.id: (p.status, p.value, p.error) for p in map(listed, rows.values())}
             job.payload = dependencies.resolve(job.payload, parents)
+        if refusal is not None:
+            log.warning("job %d of task %s is not run: %s", job.id, job.task, refusal)
+            self.storage.refuse(job.id, job.attempts, refusal, self.stamp())
+            return None
         return job
 
     def heartbeat(self, job: Job, lease_us: int | None = None) -> Job:
@@ -466,6 +474,8 @@ class JobManager:
         """A claimed job's success, checked and encoded (PayloadError: the result is not JSON)."""
         check_claim(job, State.COMPLETED)
         text = payload_json.dumps(result, "result")
+        if job.signature:  # a signed job's result, vouched for: its signed children take it
+            self.trust.vouch(job.task, job.id, job.signature, text)
         return Completion(job.id, job.attempts, text, payload_json.text(check_output(output)))
 
     def finish_batch(
@@ -676,8 +686,7 @@ class JobManager:
                 chosen = periodic.options or task.options
                 options = chosen.but({"key": f"periodic:{periodic.slot_name}:{slot.at.isoformat()}"})
                 body = call_body(periodic.args, periodic.kwargs)
-                signature = signing.sign(task.name, body) if task.signed else None
-                job = self._new_job(task.name, body, options, task.backoff, signature)
+                job = self._new_job(task.name, body, options, task.backoff, task.signed)
             slot_us = to_us(slot.at.timestamp())
             if (
                 self.storage.periodic_advance(periodic.slot_name, last, slot_us, job, self.stamp())
@@ -766,13 +775,17 @@ class JobManager:
 
     def repin(self, job: Job, kwargs: dict[str, Any]) -> None:
         """Give a dead or cancelled task job new keyword arguments (a notebook job the current
-        file), signed again when its task is signed."""
+        file), signed again (a fresh nonce) when its task is signed, and then only if its stored
+        signature verifies: a row another process wrote or changed is not reloaded
+        (InvalidTransition, nothing written) until a person approves it."""
         row = self.storage.get(job.id)
         if row is None:
             raise JobNotFound(f"no job with id {job.id}")
         body = call_body(tuple(job.args), kwargs)
         task = registry.find(job.task)
-        signature = signing.sign(str(job.task), body) if task is None or task.signed else None
+        signature = None if task is not None and not task.signed else self.trust.resign(row, body)
+        if signature is None and (task is None or task.signed):
+            raise InvalidTransition(policy.not_reloaded(job.id))
         if not self.storage.repin(job.id, row[4], body, signature):
             raise InvalidTransition(
                 f"job {job.id} is {self.get(job.id).status.value}; "
@@ -815,14 +828,17 @@ class JobManager:
         None silently, named by id with InvalidTransition after the others moved.
         """
         if job_ids is None:
+            self._resign(self._signed_dead())
             return len(self.storage.requeue(None, self.stamp()))
         allowed = sources(State.PENDING, "requeue")
-        for job in self.get_many(job_ids):
+        jobs = self.get_many(job_ids)
+        for job in jobs:
             if job.status not in allowed:
                 raise InvalidTransition(
                     f"job {job.id} is {job.status.value}; only dead or cancelled jobs can be requeued"
                 )
             self._check_root_fixed(job)
+        self._resign([job.id for job in jobs if job.signature])
         moved = self.storage.requeue(list(job_ids), self.stamp())
         left = sorted(set(job_ids) - set(moved))
         if left:
@@ -831,6 +847,34 @@ class JobManager:
                 f"({len(moved)} other job(s) were requeued)"
             )
         return len(moved)
+
+    def check_signed(self, jobs: Sequence[Job]) -> None:
+        """Raise InvalidTransition for the first job whose stored signature does not verify (a
+        reload checks every job before it writes any)."""
+        for row in self.storage.get_many([job.id for job in jobs]) if jobs else ():
+            if self.trust.resign(row) is None:
+                raise InvalidTransition(policy.not_reloaded(int(row[0])))
+
+    def _resign(self, job_ids: Sequence[int]) -> None:
+        """Give signed jobs about to start afresh (requeue, replay) a fresh nonce, each only if its
+        signature verifies: their old nonce's run has ended, and a row that does not verify
+        stays refused until a person approves it."""
+        for row in self.storage.get_many(job_ids) if job_ids else ():
+            signature = self.trust.resign(row)
+            if signature is not None:
+                self.storage.sign(int(row[0]), row[4], signature, row[25])
+
+    def _signed_dead(self, page: int = 1000) -> list[int]:
+        """The ids of dead jobs that carry a signature (none read when no dead job is signed)."""
+        if not self.storage.task_names([State.DEAD], signed=True):
+            return []
+        found: list[int] = []
+        for offset in range(0, 2**62, page):
+            rows = self.storage.rows([State.DEAD], None, page, offset, brief=True)
+            found += [int(row[0]) for row in rows if row[25]]
+            if len(rows) < page:
+                return found
+        return found
 
     def _check_root_fixed(self, job: Job) -> None:
         """An upstream_failed job comes back with its root cause: requeueing it alone while that job
@@ -958,6 +1002,8 @@ class JobManager:
                 f"job {job.id} is {job.status.value}; replay a finished job (wait for it, or cancel it first)"
             )
         self._check_root_fixed(job)
+        if job.signature:
+            self._resign([job.id])
         if not self.storage.replay(job.id, since, self.stamp()):
             raise InvalidTransition(
                 f"job {job.id} was not replayed: an unfinished job holds its idempotency key"
@@ -1027,17 +1073,27 @@ class JobManager:
         """The task names of jobs in `statuses` (with `signed`, only of jobs that carry a signature)."""
         return self.storage.task_names(statuses, signed)
 
-    def approve(self, job_ids: Sequence[int]) -> int:
-        """Sign jobs with this user's secret, so that signed tasks run them; how many were signed."""
-        signed = 0
-        for job_id in job_ids:
-            row = self.storage.get(check_id(job_id))
+    def approve(self, jobs: Sequence[int | Job]) -> int:
+        """Sign jobs with this user's secret (a fresh nonce), so that signed tasks run them; how
+        many were signed. A Job is signed as it was read: if its row changed since (task,
+        payload, queue or options), nothing is signed (InvalidTransition)."""
+        rows = []
+        for given in jobs:
+            job_id = check_id(given.id if isinstance(given, Job) else given)
+            row = self.storage.get(job_id)
             if row is None:
                 raise JobNotFound(f"no job with id {job_id}")
             if row[3] is None:
                 raise InvalidArgument(f"job {job_id} is a raw payload job; only task jobs are signed")
-            signed += self.storage.sign(int(row[0]), row[4], signing.sign(row[3], row[4]))
-        return signed
+            if isinstance(given, Job):
+                changed = policy.changed_since(given, from_row(row))
+                if changed:
+                    raise InvalidTransition(
+                        f"job {job_id} changed since it was read ({', '.join(changed)}); nothing was "
+                        "signed: read it again (q.get) and approve what you read"
+                    )
+            rows.append(row)
+        return sum(self.storage.sign(int(r[0]), r[4], self.trust.approve(r), r[25]) for r in rows)
 
     def next_due(self, where: Filter) -> int | None:
         """The earliest run_at of a job the filter allows (None: nothing waits)."""

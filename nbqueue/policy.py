@@ -7,6 +7,7 @@ that tests can read as tables.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from datetime import datetime
@@ -121,6 +122,52 @@ NOT_SIGNED = (
     "not run: this job is not signed by this notebook's user (it was written by another process, or "
     "altered); it stays pending. If you trust it, q.approve(job_id) signs it and it runs."
 )
+OLD_SIGNATURE = (
+    "not run: this job was signed by an older nbqueue, whose signatures did not bind a job to its "
+    "database and its run; it stays pending. If you trust it, q.approve(job_id) signs it again and it runs."
+)
+RUN_ENDED = (
+    "not run: this signed job's run already ended (completed, dead or cancelled) and the row was set "
+    "back to pending behind nbqueue's back; it stays pending. q.requeue(job_id) or q.approve(job_id) "
+    "gives it a fresh start if you want it to run again."
+)
+
+
+def signed_copy(bound: int | None) -> str:
+    """Why a signed row whose nonce belongs to another job's run does not run."""
+    whose = "another job" if bound is None else f"job {bound}"
+    return (
+        f"not run: this row is a copy; its signature was made for {whose}, which runs it once. "
+        "It stays pending; if you trust it, q.approve(job_id) signs it and it runs."
+    )
+
+
+def not_reloaded(job_id: int) -> str:
+    """Why requeue(reload=True) refuses a signed job whose stored signature does not verify."""
+    return (
+        f"job {job_id} does not carry your signature as it is stored (another process wrote or "
+        "changed it): nothing was reloaded. Read it; if you trust it, q.approve(job) and requeue again"
+    )
+
+
+def changed_since(read: Job, now: Job) -> list[str]:
+    """What a signature covers that differs between a job as it was read and as it is now
+    (`q.approve(job)` signs only what its caller read). Payloads compare as JSON text, so that
+    `true` and `1`, or `1` and `1.0`, differ."""
+    covered = ("task", "queue", "max_retries", "timeout", "backoff", "limits")
+    changed = [name for name in covered if getattr(read, name) != getattr(now, name)]
+    if json.dumps(read.payload, sort_keys=True) != json.dumps(now.payload, sort_keys=True):
+        changed.insert(0, "payload")
+    return changed
+
+
+def untrusted_result(parent: int, why: str) -> str:
+    """Why a signed job whose arguments take a parent's result (result_of) does not run."""
+    return (
+        f"not run: its arguments take the result of job {parent}, which {why}; a signed job takes only "
+        "results that its user's signed jobs recorded, so it stays pending (q.approve does not change "
+        "that: pass the value itself, or make the parent a signed task)."
+    )
 
 
 def lease_lost_reason(claim: Job, current: Job | None) -> str:

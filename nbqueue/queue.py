@@ -363,21 +363,34 @@ class Queue:
         idempotency key an unfinished job holds stays where it is (with `None`,
         silently; named by id, with InvalidTransition after the others are requeued).
         ``reload=True`` gives the named notebook jobs the notebook file as it is now (a
-        notebook job otherwise runs the copy pinned when it was queued).
+        notebook job otherwise runs the copy pinned when it was queued), signed again only if
+        each row's signature verifies (InvalidTransition otherwise, nothing reloaded).
         """
         if reload:
             if job_ids is None:
                 raise InvalidArgument("requeue(reload=True) takes the jobs to reload; name them")
-            for job in self.manager.get_many(waiting.job_ids(job_ids)):
-                if job.task == notebooks.NOTEBOOK_TASK:
-                    current = notebooks.read(job.kwargs.get("source", ""))
-                    self.manager.repin(job, {**job.kwargs, "notebook": current})
+            jobs = [
+                j
+                for j in self.manager.get_many(waiting.job_ids(job_ids))
+                if j.task == notebooks.NOTEBOOK_TASK
+            ]
+            self.manager.check_signed(jobs)  # only rows that verify are signed again: checked first
+            for job in jobs:
+                current = notebooks.read(job.kwargs.get("source", ""))
+                self.manager.repin(job, {**job.kwargs, "notebook": current})
         return self.manager.requeue(None if job_ids is None else waiting.job_ids(job_ids))
 
     def approve(self, job_ids: int | Job | Iterable[int | Job]) -> int:
         """Sign jobs you trust with your secret, so that a signed task (a notebook's code jobs,
-        `@q.task(signed=True)`) runs them although another process queued them. How many."""
-        return self.manager.approve(waiting.job_ids(job_ids))
+        `@q.task(signed=True)`) runs them although another process queued them. How many.
+
+        Hand the Jobs you read (`q.get`): each is signed as you read it, and if its row changed
+        since (task, payload, queue or options), nothing is signed (InvalidTransition). A
+        job id alone signs the row as it is now."""
+        many = isinstance(job_ids, Iterable) and not isinstance(job_ids, str | bytes | dict)
+        items: list[object] = list(job_ids) if isinstance(job_ids, Iterable) and many else [job_ids]
+        ids = waiting.job_ids(items if many else job_ids)
+        return self.manager.approve([j if isinstance(j, Job) else i for j, i in zip(items, ids, strict=True)])
 
     def delete(self, job_ids: int | Job | Iterable[int | Job]) -> int:
         """Delete finished (completed, dead or cancelled) jobs; returns how many."""

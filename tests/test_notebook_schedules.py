@@ -12,6 +12,7 @@ import pytest
 import nbqueue
 from nbqueue import notebooks, signing
 from nbqueue.storage import StoredSchedule
+from nbqueue.trust import covered
 from tests.helpers import MakeQueue
 from tests.test_notebook_jobs import write_notebook
 from tests.test_periodic import keys, tick_together
@@ -49,7 +50,10 @@ def test_a_stored_notebook_schedule_is_kept_by_other_processes_once_per_slot_acr
     ]
     job = queues[0].jobs()[0]
     assert job.task == notebooks.NOTEBOOK_TASK and job.kwargs["parameters"] == {"region": "eu"}
-    assert signing.verify(job.task, queues[0].manager.storage.get(job.id)[4], job.signature)
+    row = queues[0].manager.storage.get(job.id)
+    assert row is not None and signing.verify_job(
+        queues[0].manager.trust.identity, covered(row), job.signature
+    )
 
 
 def test_a_schedule_row_not_signed_by_this_user_is_not_run(
@@ -133,7 +137,10 @@ def test_requeue_with_reload_takes_the_current_file_and_without_it_the_pinned_co
     assert sources(first)[-1] == "print('fixed')"
     assert sources(second)[-1] == "print('old')"
     stored = queue.manager.storage.get(first.id)
-    assert signing.verify(first.task or "", stored[4], first.refresh().signature)  # signed again
+    assert stored is not None
+    assert signing.verify_job(
+        queue.manager.trust.identity, covered(stored), first.refresh().signature
+    )  # again
     with pytest.raises(nbqueue.InvalidTransition):
         queue.requeue(first, reload=True)  # pending now: not requeued, input unchanged
     assert sources(first)[-1] == "print('fixed')"

@@ -320,8 +320,21 @@ class Storage(Protocol):
         """Replace a dead or cancelled job's payload (and signature), only if it is still `old`."""
         ...
 
-    def sign(self, job_id: int, payload: str, signature: str) -> bool:
-        """Store a job's signature (only if its payload is still `payload`)."""
+    def sign(self, job_id: int, payload: str, signature: str, old: str | None) -> bool:
+        """Store a job's signature, only if its payload is still `payload` and its signature `old`."""
+        ...
+
+    def identity(self) -> str:
+        """This queue database's identity, which job signatures cover (nbqueue.trust)."""
+        ...
+
+    def runs(self, nonces: Sequence[str]) -> dict[str, Row]:
+        """The runs these signature nonces are bound to: nonce -> (nonce, job_id, finished_at,
+        result_mac); a nonce no job has claimed yet is absent."""
+        ...
+
+    def vouch(self, nonce: str, job_id: int, mac: str) -> bool:
+        """Record the MAC of a signed job's result on its run (only if `nonce` is bound to it)."""
         ...
 
     def bury(self, job_id: int, error: str, now: int | None) -> bool:

@@ -763,8 +763,21 @@ class PostgresStorage:
         params = {"id": job_id, "attempt": attempt, "error": _clean(error), "now": now}
         return self._one(sql.REFUSE, params) is not None
 
-    def sign(self, job_id: int, payload: str, signature: str) -> bool:
-        return self._one(sql.SIGN, {"id": job_id, "payload": payload, "signature": signature}) is not None
+    def sign(self, job_id: int, payload: str, signature: str, old: str | None) -> bool:
+        params = {"id": job_id, "payload": payload, "signature": signature, "old": old}
+        return self._one(sql.SIGN, params, lost=sql.SIGNED_AS) is not None
+
+    def identity(self) -> str:
+        row = self._one(sql.IDENTITY_VALUE)
+        if row is None:
+            raise StorageError(f"{self._where}: the queue's identity row (nbqueue_info) is missing")
+        return f"{row[0]}/{self.schema}"  # a row copied into another schema never verifies
+
+    def runs(self, nonces: Sequence[str]) -> dict[str, Row]:
+        return {str(r[0]): r for r in self._rows(sql.RUNS, {"nonces": list(nonces)})}
+
+    def vouch(self, nonce: str, job_id: int, mac: str) -> bool:
+        return self._one(sql.VOUCH, {"nonce": nonce, "id": job_id, "mac": mac}) is not None
 
     def bury(self, job_id: int, error: str, now: int | None) -> bool:
         params = {"id": job_id, "error": _clean(error), "now": now}

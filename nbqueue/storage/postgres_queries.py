@@ -24,12 +24,15 @@ from .rules import (
     NO_LIMITS_NO_SCAN,
     REPLAYABLE_SQL,
     REQUEUEABLE_SQL,
+    RUN_ENDED_SQL,
     UNFINISHED_SQL,
     key_is_free,
+    signed_run,
     status_in,
 )
 
 SCHEMA_VERSION = 10
+SIGNED, NONCE = signed_run("new")
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
@@ -190,6 +193,34 @@ MIGRATIONS: dict[int, list[str]] = {
         "WHEN (OLD.status IS DISTINCT FROM NEW.status "
         "AND (OLD.status = 'running' OR NEW.status = 'running')) "
         "EXECUTE FUNCTION {s}.nbqueue_attempt()",
+    ],
+    # Signed jobs bound to one run (the same meaning as SQLite's version 9); a signature also
+    # covers the schema's name, so a row copied into another schema never verifies.
+    9: [
+        "CREATE TABLE {s}.nbqueue_info (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "INSERT INTO {s}.nbqueue_info "
+        "VALUES ('identity', md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text))",
+        "CREATE TABLE {s}.nbqueue_runs (nonce TEXT PRIMARY KEY, job_id BIGINT NOT NULL, finished_at BIGINT, "
+        "result_mac TEXT)",
+        # As its owner: a role allowed to change jobs (cancel one) needs no right on nbqueue_runs,
+        # so the owner can keep others from rewriting it (which would let a run start again).
+        f"""CREATE FUNCTION {{s}}.nbqueue_run() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+        SET search_path = pg_catalog, pg_temp AS $$
+        BEGIN
+            IF NEW.status = 'running' THEN
+                INSERT INTO {{s}}.nbqueue_runs (nonce, job_id) VALUES ({NONCE}, NEW.id)
+                    ON CONFLICT (nonce) DO NOTHING;
+            ELSE
+                INSERT INTO {{s}}.nbqueue_runs AS r (nonce, job_id, finished_at)
+                    VALUES ({NONCE}, NEW.id, NEW.updated_at)
+                    ON CONFLICT (nonce) DO UPDATE SET finished_at = EXCLUDED.finished_at
+                    WHERE r.job_id = EXCLUDED.job_id;
+            END IF;
+            RETURN NULL;
+        END $$""",
+        "CREATE TRIGGER nbqueue_run AFTER UPDATE OF status ON {s}.nbqueue_jobs FOR EACH ROW "
+        f"WHEN (OLD.status IS DISTINCT FROM NEW.status AND (NEW.status = 'running' OR {RUN_ENDED_SQL}) "
+        f"AND {SIGNED}) EXECUTE FUNCTION {{s}}.nbqueue_run()",
     ],
     # Families: the job that made a job while it ran (its origin names it), and the first job of
     # its line (the family), whose family_size counts the jobs made in the family (at most the
@@ -620,8 +651,12 @@ REFUSE = (
 )
 SIGN = (
     "UPDATE nbqueue_jobs SET signature = %(signature)s WHERE id = %(id)s AND payload = %(payload)s "
-    "RETURNING 1"
+    "AND signature IS NOT DISTINCT FROM %(old)s::text RETURNING 1"
 )
+SIGNED_AS = "SELECT true FROM nbqueue_jobs WHERE id = %(id)s AND signature = %(signature)s"  # a lost reply
+IDENTITY_VALUE = "SELECT value FROM nbqueue_info WHERE name = 'identity'"
+RUNS = "SELECT nonce, job_id, finished_at, result_mac FROM nbqueue_runs WHERE nonce = ANY(%(nonces)s::text[])"
+VOUCH = "UPDATE nbqueue_runs SET result_mac = %(mac)s WHERE nonce = %(nonce)s AND job_id = %(id)s RETURNING 1"
 BURY = (
     f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'dead', error = %(error)s, lease_until = NULL, "
     "finished_at = c.now, updated_at = c.now FROM c WHERE id = %(id)s AND status = 'running' "

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..jobs import CLAIMABLE, FINISHED, UNFINISHED, State, sources
+from ..signing import NONCE_CHARS, VERSION
 
 
 def status_in(states: Iterable[State], column: str = "status") -> str:
@@ -86,3 +87,16 @@ ATTEMPT_ERROR_SQL = (
     "CASE WHEN new.status IN ('completed', 'cancelled') "
     "OR (new.status = 'pending' AND new.snoozes = old.snoozes) THEN NULL ELSE new.error END"
 )
+
+
+def signed_run(row: str) -> tuple[str, str]:
+    """For the triggers that bind a signed job's nonce to its run (nbqueue.trust): the condition
+    that `row` ("new") carries a current signature ("2.<nonce>.<hmac>"), and its nonce."""
+    return (
+        f"substr({row}.signature, 1, {len(VERSION) + 1}) = '{VERSION}.'",
+        f"substr({row}.signature, {len(VERSION) + 2}, {NONCE_CHARS})",
+    )
+
+
+#: A job that leaves for these states has ended its signed run: the same nonce never runs again.
+RUN_ENDED_SQL = status_in((State.COMPLETED, State.DEAD, State.CANCELLED), "new.status")

@@ -627,8 +627,21 @@ class SQLiteStorage:
         )
         return changed == 1
 
-    def sign(self, job_id: int, payload: str, signature: str) -> bool:
-        return self._change(sql.SIGN, {"id": job_id, "payload": payload, "signature": signature}) == 1
+    def sign(self, job_id: int, payload: str, signature: str, old: str | None) -> bool:
+        params = {"id": job_id, "payload": payload, "signature": signature, "old": old}
+        return self._change(sql.SIGN, params) == 1
+
+    def identity(self) -> str:
+        rows = self._read(sql.IDENTITY_VALUE)
+        if not rows:
+            raise StorageError(f"{self.path}: the queue's identity row (nbqueue_info) is missing")
+        return str(rows[0][0])
+
+    def runs(self, nonces: Sequence[str]) -> dict[str, Row]:
+        return {str(r[0]): tuple(r) for r in self._read(sql.RUNS, {"nonces": _ids(nonces)})}
+
+    def vouch(self, nonce: str, job_id: int, mac: str) -> bool:
+        return self._change(sql.VOUCH, {"nonce": nonce, "id": job_id, "mac": mac}) == 1
 
     def bury(self, job_id: int, error: str, now: int | None) -> bool:
         now = _stamp(now)

@@ -21,8 +21,10 @@ from .rules import (
     HEADS,
     REPLAYABLE_SQL,
     REQUEUEABLE_SQL,
+    RUN_ENDED_SQL,
     UNFINISHED_SQL,
     key_is_free,
+    signed_run,
     status_in,
 )
 
@@ -35,6 +37,7 @@ COLS_V5 = (
     "backoff, result, progress_done, progress_total, progress_message, signature, enqueue_token, "
     "claim_token, limits, gate, snoozes"
 )
+SIGNED, NONCE = signed_run("new")
 NEXT_DUE_SCAN = 10_000  # claim-index entries per queue read to find the earliest due job
 
 #: Each version's script, applied in order inside one write transaction. History: never edited.
@@ -234,6 +237,27 @@ MIGRATIONS: dict[int, str] = {
         DELETE FROM nbqueue_attempts WHERE job_id = old.id;
         DELETE FROM nbqueue_edges WHERE parent = old.id;
         DELETE FROM nbqueue_edges WHERE child = old.id;
+    END;
+    """,
+    # Signed jobs bound to one run (nbqueue.trust): the database's random identity, which
+    # signatures cover; each signature's nonce bound to the first job that claims it, with
+    # when that run ended and the MAC of its result, kept by triggers (every claim and every
+    # end, in its own transaction). Rows stay when jobs are deleted: a copy never runs later.
+    9: f"""
+    CREATE TABLE nbqueue_info (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+    INSERT INTO nbqueue_info VALUES ('identity', lower(hex(randomblob(16))));
+    CREATE TABLE nbqueue_runs (
+        nonce TEXT PRIMARY KEY, job_id INTEGER NOT NULL, finished_at INTEGER, result_mac TEXT
+    ) WITHOUT ROWID;
+    CREATE TRIGGER nbqueue_run_start AFTER UPDATE OF status ON nbqueue_jobs
+        WHEN new.status = 'running' AND old.status != 'running' AND {SIGNED} BEGIN
+        INSERT OR IGNORE INTO nbqueue_runs (nonce, job_id) VALUES ({NONCE}, new.id);
+    END;
+    CREATE TRIGGER nbqueue_run_end AFTER UPDATE OF status ON nbqueue_jobs
+        WHEN old.status != new.status AND {RUN_ENDED_SQL} AND {SIGNED} BEGIN
+        INSERT INTO nbqueue_runs (nonce, job_id, finished_at) VALUES ({NONCE}, new.id, new.updated_at)
+            ON CONFLICT (nonce) DO UPDATE SET finished_at = excluded.finished_at
+            WHERE job_id = excluded.job_id;
     END;
     """,
     # Families: the job that made a job while it ran (its origin names it), and the first job of
@@ -580,7 +604,16 @@ REFUSE = (
     "UPDATE nbqueue_jobs SET status = 'pending', signature = NULL, error = :error, lease_until = NULL, "
     f"worker_id = NULL, updated_at = :now WHERE {LIVE_CLAIM}"
 )
-SIGN = "UPDATE nbqueue_jobs SET signature = :signature WHERE id = :id AND payload = :payload"
+SIGN = (
+    "UPDATE nbqueue_jobs SET signature = :signature WHERE id = :id AND payload = :payload "
+    "AND signature IS :old"
+)
+IDENTITY_VALUE = "SELECT value FROM nbqueue_info WHERE name = 'identity'"
+RUNS = (
+    "SELECT nonce, job_id, finished_at, result_mac FROM nbqueue_runs "
+    "WHERE nonce IN (SELECT value FROM json_each(:nonces))"
+)
+VOUCH = "UPDATE nbqueue_runs SET result_mac = :mac WHERE nonce = :nonce AND job_id = :id"
 BURY = (
     "UPDATE nbqueue_jobs SET status = 'dead', error = :error, lease_until = NULL, finished_at = :now, "
     "updated_at = :now WHERE id = :id AND status = 'running' RETURNING has_children"

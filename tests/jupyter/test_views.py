@@ -86,6 +86,8 @@ def views() -> Iterator[list[Any]]:
 def board_of(queue: Queue, views: list[Any]) -> Any:
     def build(**options: Any) -> JobBoard:
         options.setdefault("interval", 3600)  # no refresh by itself unless a test wants it
+        # nor a chart: drawing one takes a second, which the teardown would wait for
+        options.setdefault("chart", False)
         board = JobBoard(queue, **options)
         views.append(board)
         return board
@@ -368,6 +370,14 @@ def test_the_board_draws_its_chart(queue: Queue, board_of: Any) -> None:
     assert "attempts per minute" in board.chart.value  # text kept as text in the SVG
 
 
+def test_the_board_draws_its_chart_by_itself(queue: Queue, board_of: Any) -> None:
+    make(queue, "completed")
+    board = board_of(chart=True)
+    wait_until(lambda: "<svg" in board.chart.value, 20, "the chart drawn on its own thread")
+    board.close()
+    wait_until(lambda: not board.live, 20, "the chart's thread ended")
+
+
 # -- the dead-letter view -----------------------------------------------------------
 
 
@@ -605,7 +615,7 @@ def test_the_board_lists_schedules_with_their_next_run_in_local_time(
         report = write_notebook(tmp_path / "report.ipynb", "1")
         q.periodic_notebook(report, cron="0 6 * * MON-FRI", tz="Europe/Berlin", name="eu-daily")
         q.periodic(every=3600, name="hourly")(lambda: None)
-        board = JobBoard(q, interval=3600)
+        board = JobBoard(q, interval=3600, chart=False)
         views.append(board)
         line = board.schedules_html.value
         assert "SCHEDULES" in line

@@ -18,7 +18,7 @@ import pytest
 
 import nbqueue
 from nbqueue import Job, JobNotFound, Queue, State
-from nbqueue.jupyter.views import DeadLetterView, JobBoard
+from nbqueue.jupyter.views import DeadLetterView, JobBoard, board_picture
 from tests.helpers import wait_until
 from tests.test_notebook_jobs import write_notebook
 
@@ -376,6 +376,21 @@ def test_the_board_draws_its_chart_by_itself(queue: Queue, board_of: Any) -> Non
     wait_until(lambda: "<svg" in board.chart.value, 20, "the chart drawn on its own thread")
     board.close()
     wait_until(lambda: not board.live, 20, "the chart's thread ended")
+
+
+def test_a_board_closed_before_its_chart_is_drawn_draws_nothing(queue: Queue) -> None:
+    """The drawing (half a second of matplotlib) is skipped once the board is closed: a closed
+    board's chart thread ends after reading, and a notebook (or a test) waits for nothing."""
+    make(queue, "completed")
+    asked: list[bool] = []
+
+    def wanted() -> bool:
+        asked.append(True)
+        return False
+
+    assert board_picture(queue, wanted) == ""
+    assert asked == [True]  # asked once the data is read, before drawing
+    assert "<svg" in board_picture(queue)
 
 
 # -- the dead-letter view -----------------------------------------------------------

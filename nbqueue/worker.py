@@ -122,6 +122,8 @@ class Worker:
         tidy_interval: seconds between storage housekeeping (10.0).
         idle_interval: seconds an idle runner waits at most before it looks for due jobs again,
             when nothing in this process told it of a new one (0.5).
+        prune_interval: seconds between retention's prunes (default: a tenth of the retention,
+            from 1 s to 60 s).
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class Worker:
         periodic_interval: Duration = PERIODIC_EVERY,
         tidy_interval: Duration = TIDY_EVERY,
         idle_interval: Duration = IDLE_RECHECK,
+        prune_interval: Duration | None = None,
     ) -> None:
         if mode not in ("thread", "process"):
             raise InvalidArgument(f"mode must be 'thread' or 'process', not {mode!r}")
@@ -178,6 +181,11 @@ class Worker:
         self.periodic_interval = interval(periodic_interval, "periodic_interval")
         self.tidy_interval = interval(tidy_interval, "tidy_interval")
         self.idle_interval = interval(idle_interval, "idle_interval")
+        self.prune_interval = (
+            min(60.0, max(1.0, (self.retention or 0.0) / 10))
+            if prune_interval is None
+            else interval(prune_interval, "prune_interval")
+        )
         self.completed = 0
         self.failed = 0
         self._threads: list[threading.Thread] = []
@@ -719,7 +727,7 @@ class Worker:
             (self.cancel_interval, self._watch_loop),
         ]
         if self.retention is not None:
-            chores.append((min(60.0, max(1.0, self.retention / 10)), lambda: self._guard(self._prune)))
+            chores.append((self.prune_interval, lambda: self._guard(self._prune)))
         last = [-float("inf")] * len(chores)
         while not self._stopping.is_set():
             self._keeper_wake.clear()  # before reading the deadlines: a later wake-up is never lost

@@ -1125,8 +1125,11 @@ class JobManager:
         return self.storage.resume(key, self.stamp())
 
     def limit_rows(self) -> tuple[list[Row], list[Row], int]:
-        """The limits as stored, with their in-flight units, the jobs waiting per key, and the time."""
-        return self.storage.limits()
+        """The limits as stored, with their in-flight units, the jobs waiting per key, and the time
+        (the queue's clock, as the pauses and rates were written with it)."""
+        rows, waiting, now = self.storage.limits()
+        stamp = self.stamp()
+        return rows, waiting, now if stamp is None else stamp
 
     def tidy(self) -> None:
         """Storage housekeeping a worker runs now and then."""

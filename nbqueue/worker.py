@@ -83,6 +83,14 @@ class Flight:
     task: concurrent.futures.Future[None] | None = None  # a coroutine job on the worker's loop
 
 
+def interval(value: Duration, name: str) -> float:
+    """A worker's period in seconds: more than nothing (a keeper chore of 0 s would spin)."""
+    result = seconds(value, name, allow_none=False) or 0.0
+    if result < 0.001:
+        raise InvalidArgument(f"{name} must be at least 0.001 seconds, not {result:g}")
+    return result
+
+
 def default_worker_id() -> str:
     """host:pid:thread:tag, so a lease names who holds it."""
     return f"{os.uname().nodename}:{os.getpid()}:{threading.get_ident() % 100000}:{uuid.uuid4().hex[:6]}"
@@ -107,6 +115,15 @@ class Worker:
             ``nbqueue-notebooks`` beside a SQLite queue file, else in the working folder).
         async_concurrency: how many coroutine jobs may be in flight at once, on the
             worker's own event loop (they hold no thread while they await).
+        recover_interval: seconds between recoveries of expired leases and of jobs whose worker
+            process on this host is gone (default: a quarter of the lease, at most 2 s).
+        cancel_interval: seconds between looks for running jobs cancelled with q.cancel() (0.5).
+        periodic_interval: seconds between looks for due periodic slots (1.0).
+        tidy_interval: seconds between storage housekeeping (10.0).
+        idle_interval: seconds an idle runner waits at most before it looks for due jobs again,
+            when nothing in this process told it of a new one (0.5).
+        prune_interval: seconds between retention's prunes (default: a tenth of the retention,
+            from 1 s to 60 s).
     """
 
     def __init__(
@@ -125,6 +142,11 @@ class Worker:
         worker_id: str | None = None,
         recover_interval: Duration | None = None,
         async_concurrency: int = 64,
+        cancel_interval: Duration = CANCEL_EVERY,
+        periodic_interval: Duration = PERIODIC_EVERY,
+        tidy_interval: Duration = TIDY_EVERY,
+        idle_interval: Duration = IDLE_RECHECK,
+        prune_interval: Duration | None = None,
     ) -> None:
         if mode not in ("thread", "process"):
             raise InvalidArgument(f"mode must be 'thread' or 'process', not {mode!r}")
@@ -154,6 +176,15 @@ class Worker:
         # (manager.recover_orphans), whatever the lease; an expired lease is found by the same chore.
         self.recover_interval = seconds(recover_interval, "recover_interval") or max(
             0.05, min(self.lease / 4, RECOVER_EVERY)
+        )
+        self.cancel_interval = interval(cancel_interval, "cancel_interval")
+        self.periodic_interval = interval(periodic_interval, "periodic_interval")
+        self.tidy_interval = interval(tidy_interval, "tidy_interval")
+        self.idle_interval = interval(idle_interval, "idle_interval")
+        self.prune_interval = (
+            min(60.0, max(1.0, (self.retention or 0.0) / 10))
+            if prune_interval is None
+            else interval(prune_interval, "prune_interval")
         )
         self.completed = 0
         self.failed = 0
@@ -489,7 +520,7 @@ class Worker:
         return due
 
     def _idle_wait(self) -> None:
-        wait = IDLE_RECHECK
+        wait = self.idle_interval
         try:
             due = self.manager.next_due(self._filter())
             if due is not None:
@@ -687,13 +718,16 @@ class Worker:
         chores: list[tuple[float, Callable[[], object]]] = [
             (self.recover_interval, lambda: self._guard(self._recover)),
             (self.lease / policy.HEARTBEATS_PER_LEASE, self._beat),
-            (CANCEL_EVERY, lambda: self._guard(self._watch_cancellations)),
-            (PERIODIC_EVERY, lambda: self._guard(lambda: self.manager.tick_periodic(self._filter().tasks))),
-            (TIDY_EVERY, lambda: self._guard(self.manager.tidy)),
-            (CANCEL_EVERY, self._watch_loop),
+            (self.cancel_interval, lambda: self._guard(self._watch_cancellations)),
+            (
+                self.periodic_interval,
+                lambda: self._guard(lambda: self.manager.tick_periodic(self._filter().tasks)),
+            ),
+            (self.tidy_interval, lambda: self._guard(self.manager.tidy)),
+            (self.cancel_interval, self._watch_loop),
         ]
         if self.retention is not None:
-            chores.append((min(60.0, max(1.0, self.retention / 10)), lambda: self._guard(self._prune)))
+            chores.append((self.prune_interval, lambda: self._guard(self._prune)))
         last = [-float("inf")] * len(chores)
         while not self._stopping.is_set():
             self._keeper_wake.clear()  # before reading the deadlines: a later wake-up is never lost

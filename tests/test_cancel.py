@@ -44,7 +44,8 @@ def test_cancelling_a_running_job_stops_its_handler(queue: Queue, style: str) ->
         return "still working"
 
     job = loop.enqueue()
-    worker = queue.worker(lease=5).start()  # one runner: the next job needs the freed thread
+    # one runner: the next job needs the freed thread
+    worker = queue.worker(lease=5, cancel_interval=0.05).start()
     try:
         assert started.wait(20)
         assert queue.get(job.id).status == "running"
@@ -71,7 +72,7 @@ def test_cancelling_a_running_process_mode_job_kills_its_process(queue: Queue, t
         return "never"
 
     job = hang.enqueue(str(pid_file))
-    worker = queue.worker(lease=5, mode="process").start()
+    worker = queue.worker(lease=5, mode="process", cancel_interval=0.05).start()
     try:
         wait_until(lambda: read_pids(pid_file), 20, "the child started")
         [pid] = read_pids(pid_file)
@@ -106,7 +107,7 @@ def test_board_shows_progress_and_its_button_cancels_a_running_job(queue: Queue)
 
     job = watched.enqueue()
     board = JobBoard(queue, interval=0)
-    worker = queue.worker(lease=5).start()
+    worker = queue.worker(lease=5, cancel_interval=0.05).start()
     try:
 
         def bar_shown() -> bool:
@@ -146,7 +147,7 @@ def test_cancelling_a_handler_that_never_checks_hands_its_slot_on(queue: Queue) 
         return "ran"
 
     job = deaf.enqueue()
-    worker = queue.worker(lease=5, concurrency=1).start()
+    worker = queue.worker(lease=5, concurrency=1, cancel_interval=0.05).start()
     try:
         assert started.wait(20)
         assert queue.cancel(job.id).status == "cancelled"
@@ -160,3 +161,29 @@ def test_cancelling_a_handler_that_never_checks_hands_its_slot_on(queue: Queue) 
         assert worker.stop(timeout=10)
     assert queue.get(job.id).status == "cancelled"
     assert queue.get(job.id).result_json is None
+
+
+@pytest.mark.slow
+def test_the_default_cancel_interval_stops_a_handler_within_about_half_a_second(queue: Queue) -> None:
+    """The other tests look every 0.05 s (cancel_interval); a worker left to its default looks
+    every 0.5 s, in real time."""
+    started = threading.Event()
+
+    @queue.task(name="lr.default_period")
+    def loop() -> str:
+        started.set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not nbqueue.cancelled():
+            time.sleep(0.01)
+        return "stopped"
+
+    job = loop.enqueue()
+    with queue.worker(lease=5) as worker:
+        assert worker.cancel_interval == 0.5
+        assert started.wait(20)
+        queue.cancel(job.id)
+        cancelled_at = time.monotonic()
+        wait_until(lambda: worker.status()["in_flight"] == [], 10, "the handler stopped")
+        took = time.monotonic() - cancelled_at
+    assert took < 1.5, f"the cancel was seen after {took:.2f} s, not within the 0.5 s period"
+    assert queue.get(job.id).status == "cancelled"

@@ -358,15 +358,23 @@ def test_a_client_s_429_in_a_job_snoozes_and_pauses_its_key(
 
 
 def test_retry_after_zero_waits_a_second_each_time(make_queue: Callable[..., Queue], server: Server) -> None:
-    """A server that always says "Retry-After: 0" once burned the 100 snoozes in 4 s."""
-    queue = make_queue(backoff=NOW)
+    """A server that always says "Retry-After: 0" once burned the 100 snoozes in 4 s. The queue's
+    clock moves instead of the test waiting: no call before a whole second has passed on it."""
+    clock = nbqueue.ManualClock()
+    queue = make_queue(backoff=NOW, clock=clock)
     task = _job(queue, "httpx", server, max_retries=0)
     server.script.extend(["never"] * 50)
     job = task.enqueue()
-    with queue.worker(lease=10):
+    with queue.worker(lease=10, idle_interval=0.05):
         wait_until(lambda: queue.get(job.id).snoozes >= 1, 10, "the first snooze")
-        time.sleep(1.5)
-        assert queue.get(job.id).snoozes <= 3  # one call a second at most, not dozens
+        time.sleep(0.2)  # four idle looks of the worker
+        clock.advance(0.9)
+        time.sleep(0.2)
+        assert queue.get(job.id).snoozes == 1  # not a second yet: no call
+        clock.advance(0.1)
+        wait_until(lambda: queue.get(job.id).snoozes == 2, 10, "the call a second later")
+        time.sleep(0.2)
+        assert queue.get(job.id).snoozes == 2  # one call a second at most, not dozens
         queue.cancel(job)
     assert "the least" in (queue.get(job.id).error or "")
 
@@ -417,7 +425,8 @@ def test_give_up_on_network_errors_is_dead_at_once(make_queue: Callable[..., Que
 def test_a_task_group_s_429_snoozes_and_its_error_is_readable(
     make_queue: Callable[..., Queue], server: Server
 ) -> None:
-    queue = make_queue(backoff=NOW)
+    clock = nbqueue.ManualClock()
+    queue = make_queue(backoff=NOW, clock=clock)
     queue.limit("api", concurrency=10)
 
     @queue.task(name="clients.group", limits=["api"], max_retries=0)
@@ -433,9 +442,10 @@ def test_a_task_group_s_429_snoozes_and_its_error_is_readable(
 
     server.script.append("429-ms")
     job, bad = fan_out.enqueue(["ok", "ok"]), fails.enqueue()
-    with queue.worker(lease=10):
+    with queue.worker(lease=10, idle_interval=0.05):
         wait_until(lambda: queue.get(job.id).snoozes == 1, 15, "the group's 429 snoozing the job")
         assert queue.limits().set_index("key").loc["api", "paused_until"] is not None
+        clock.advance(1.5)  # the 1500 ms the server asked for, on the queue's clock
         assert job.result(timeout=20) == ["hi", "hi"]
         with pytest.raises(nbqueue.JobFailed):
             bad.result(timeout=20)

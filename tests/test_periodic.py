@@ -102,13 +102,13 @@ def test_a_cron_task_is_enqueued_once_per_slot_with_three_workers(
     declare(queues, every_five_minutes, cron="*/5 * * * *", name="lr.cron")
     # first sighting, before any worker runs
     assert queues[0].manager.tick_periodic() == []
-    workers = [q.worker(lease=5) for q in queues]
+    workers = [q.worker(lease=5, periodic_interval=0.05) for q in queues]
     try:
         for worker in workers:
             worker.start()
         clock.advance(timedelta(minutes=5))  # 22:18:20: the 22:15 slot
         wait_until(lambda: ran, 10, "the slot's job run")
-        time.sleep(1.3)  # every worker's keeper ticks at least once more within this slot
+        time.sleep(0.3)  # every worker's keeper ticks several more times within this slot
     finally:
         for worker in workers:
             worker.stop(timeout=10)
@@ -161,12 +161,12 @@ def test_an_impossible_cron_does_not_stop_the_worker_heartbeating(tmp_path: Path
 
     @q.task(name="lr.longer_than_its_lease", max_retries=0)
     def slow() -> str:
-        time.sleep(1.5)
+        time.sleep(0.8)
         return "ok"
 
     job = slow.enqueue()
     try:
-        with q.worker(lease=0.6):  # only the keeper's heartbeats keep this claim
+        with q.worker(lease=0.3, periodic_interval=0.05):  # only the keeper's heartbeats keep this claim
             try:
                 [done] = q.wait([job], timeout=5, progress=False)
             except nbqueue.WaitTimeout:

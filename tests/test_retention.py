@@ -65,7 +65,7 @@ def test_worker_prunes_old_completed_jobs_in_batches_and_keeps_dead_ones(
     clock.advance(10)
     [young] = _finish(q, "completed")
     waiting = q.enqueue({"state": "pending"})  # never pruned (and no worker runs a raw payload)
-    worker = q.worker(lease=5, retention=5).start()
+    worker = q.worker(lease=5, retention=5, prune_interval=0.05).start()
     try:
         wait_until(lambda: q.counts()["completed"] == 1, 10, "old completed jobs pruned")
         assert [job.id for job in q.jobs("completed")] == [young]

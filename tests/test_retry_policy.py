@@ -116,7 +116,12 @@ def test_retry_after_snoozes_without_spending_an_attempt(
     q.complete(again, "done")  # max_retries=0, yet it ran twice: a snooze is no attempt
 
 
-def test_a_429_with_an_http_date_pauses_the_key_and_spends_no_attempt(queue: Queue) -> None:
+def test_a_429_with_an_http_date_pauses_the_key_and_spends_no_attempt(
+    clocked_queue: Queue, clock: nbqueue.ManualClock
+) -> None:
+    """The queue's clock, not the test, waits out the two seconds the server asks for (and
+    q.limits() reads the pause on that clock)."""
+    queue = clocked_queue
     queue.limit("api", concurrency=10)
     calls: list[int] = []
 
@@ -124,7 +129,7 @@ def test_a_429_with_an_http_date_pauses_the_key_and_spends_no_attempt(queue: Que
     def rate_limited() -> str:
         calls.append(1)
         if len(calls) == 1:
-            when = datetime.now(UTC) + timedelta(seconds=2)
+            when = datetime.now(UTC) + timedelta(seconds=2)  # a server's date: the wall clock's
             raise HTTPStatusError(429, {"retry-after": format_datetime(when, usegmt=True)})
         return "ok"
 
@@ -133,12 +138,13 @@ def test_a_429_with_an_http_date_pauses_the_key_and_spends_no_attempt(queue: Que
         return "waited"
 
     job = rate_limited.enqueue()
-    with queue.worker(lease=10):
+    with queue.worker(lease=10, idle_interval=0.05):
         wait_until(lambda: queue.get(job.id).snoozes == 1, 10, "the 429 snoozing the job")
         row = queue.limits().set_index("key").loc["api"]
         assert row["paused_until"] is not None and "429" in str(row["paused_why"])
         other = same_key.enqueue()
         assert queue.get(other.id).status == "pending"  # the key is paused: it waits
+        clock.advance(2)  # the two seconds the server named, on the queue's clock
         assert job.result(timeout=15) == "ok"
         assert other.result(timeout=15) == "waited"
     done = queue.get(job.id)

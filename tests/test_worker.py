@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,28 @@ def test_worker_rejects_bad_options(queue: Queue) -> None:
     for options in ({"concurrency": 0}, {"concurrency": 1.5}, {"lease": 0}, {"lease": -1}):
         with pytest.raises(nbqueue.InvalidArgument):
             queue.worker(**options)
+    periods = ("cancel_interval", "periodic_interval", "tidy_interval", "idle_interval", "prune_interval")
+    for name in periods:
+        for bad in (0, -1, float("nan"), "1s", True, *([] if name == "prune_interval" else [None])):
+            with pytest.raises(nbqueue.InvalidArgument, match=name):
+                queue.worker(**{name: bad})
+
+
+def test_the_keepers_periods_are_settings_of_the_worker(queue: Queue) -> None:
+    """The documented defaults, and a test's own shorter periods (seconds or a timedelta)."""
+    worker = queue.worker()
+    assert (worker.cancel_interval, worker.periodic_interval) == (0.5, 1.0)
+    assert (worker.tidy_interval, worker.idle_interval) == (10.0, 0.5)
+    assert [queue.worker(retention=r).prune_interval for r in (5, 100, 3600)] == [1.0, 10.0, 60.0]
+    quick = queue.worker(
+        cancel_interval=0.05,
+        periodic_interval=timedelta(milliseconds=50),
+        tidy_interval=1,
+        idle_interval=0.01,
+        prune_interval=0.05,
+    )
+    assert (quick.cancel_interval, quick.periodic_interval) == (0.05, 0.05)
+    assert (quick.tidy_interval, quick.idle_interval, quick.prune_interval) == (1.0, 0.01, 0.05)
 
 
 EXIT_SCRIPT = """

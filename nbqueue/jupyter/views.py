@@ -557,15 +557,18 @@ CHART_EVERY = 10.0  # seconds between redraws of the board's chart (it reads the
 CHART_JOBS = 300  # the newest finished jobs the time-in-queue panel reads
 
 
-def board_picture(queue: Queue) -> str:
-    """The board's chart as SVG ("" with nothing to draw, or without matplotlib)."""
+def board_picture(queue: Queue, wanted: Callable[[], bool] = lambda: True) -> str:
+    """The board's chart as SVG ("" with nothing to draw, or without matplotlib, or when `wanted`
+    says no more before the drawing starts: a board closed meanwhile)."""
     try:
         from . import charts  # noqa: PLC0415 - matplotlib only when a board draws
     except ImportError:
         return ""
     try:
         timings = charts.task_timings(queue.history(State.COMPLETED, limit=CHART_JOBS))
-        return charts.board_chart(queue.activity(60), timings)
+        activity = queue.activity(60)
+        # the drawing is the long part (half a second): a closed board's thread ends before it
+        return charts.board_chart(activity, timings) if wanted() else ""
     except ImportError:  # matplotlib is in the notebook extra; without it, no picture
         return ""
 
@@ -750,10 +753,12 @@ class JobBoard(_LiveView):
     def draw_chart(self) -> None:
         """Draw the chart now (the board redraws it by itself every 10 s)."""
         try:
-            picture = board_picture(self.queue)
+            picture = board_picture(self.queue, lambda: not self._closed.is_set())
         except Exception:  # a picture must never break the board
             if not self._closed.is_set():  # closed with its queue mid-draw: nothing to say
                 log.exception("drawing the board's chart failed")
+            return
+        if self._closed.is_set():
             return
         self.chart.value = (
             f"<div class='nbqueue-chart' style='width:100%;max-width:960px'>{picture}</div>"

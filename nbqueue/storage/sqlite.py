@@ -68,8 +68,18 @@ POLL_MOST = 0.05
 T = TypeVar("T")
 log = logging.getLogger("nbqueue.storage")
 
+
 # In-process wake-ups, shared by every SQLiteStorage on the same file.
-_signals: dict[str, threading.Condition] = {}
+class _Signal(threading.Condition):
+    """The wake-ups of one file's waiting workers, counted: a waiter busy reading when one came
+    (between two of its polls) still sees it, instead of sleeping out its whole timeout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0
+
+
+_signals: dict[str, _Signal] = {}
 _signals_lock = threading.Lock()
 # Writers in one process take turns on a lock of ours: SQLite's own busy handler sleeps in
 # steps of milliseconds, which would waste most of the time threads spend waiting on each other.
@@ -157,7 +167,7 @@ class SQLiteStorage:
         self._all_lock = threading.Lock()
         self._closed = False
         with _signals_lock:
-            self._signal = _signals.setdefault(self.path, threading.Condition())
+            self._signal = _signals.setdefault(self.path, _Signal())
             self._write_lock = _write_locks.setdefault(self.path, threading.Lock())
         self._create_file()
         _owner_only(self.path)
@@ -802,12 +812,14 @@ class SQLiteStorage:
 
     def wait_for_change(self, timeout: float) -> None:
         # PRAGMA data_version sees commits by other processes without taking a lock.
+        with self._signal:
+            sent = self._signal.sent
         before = self.data_version()
         deadline = time.monotonic() + timeout
         poll = POLL_FIRST
         while (left := deadline - time.monotonic()) > 0:
             with self._signal:
-                if self._signal.wait(min(left, poll)):
+                if self._signal.sent != sent or self._signal.wait(min(left, poll)):
                     return
             if self.data_version() != before:
                 return
@@ -815,6 +827,7 @@ class SQLiteStorage:
 
     def notify(self) -> None:
         with self._signal:
+            self._signal.sent += 1
             self._signal.notify_all()
 
     def wake(self) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 import nbqueue
 from nbqueue import Job, JobNotFound, Queue, State
-from nbqueue.jupyter.views import DeadLetterView, JobBoard
+from nbqueue.jupyter.views import DeadLetterView, JobBoard, board_picture
 from tests.helpers import wait_until
 from tests.test_notebook_jobs import write_notebook
 
@@ -86,6 +86,8 @@ def views() -> Iterator[list[Any]]:
 def board_of(queue: Queue, views: list[Any]) -> Any:
     def build(**options: Any) -> JobBoard:
         options.setdefault("interval", 3600)  # no refresh by itself unless a test wants it
+        # nor a chart: drawing one takes a second, which the teardown would wait for
+        options.setdefault("chart", False)
         board = JobBoard(queue, **options)
         views.append(board)
         return board
@@ -368,6 +370,29 @@ def test_the_board_draws_its_chart(queue: Queue, board_of: Any) -> None:
     assert "attempts per minute" in board.chart.value  # text kept as text in the SVG
 
 
+def test_the_board_draws_its_chart_by_itself(queue: Queue, board_of: Any) -> None:
+    make(queue, "completed")
+    board = board_of(chart=True)
+    wait_until(lambda: "<svg" in board.chart.value, 20, "the chart drawn on its own thread")
+    board.close()
+    wait_until(lambda: not board.live, 20, "the chart's thread ended")
+
+
+def test_a_board_closed_before_its_chart_is_drawn_draws_nothing(queue: Queue) -> None:
+    """The drawing (half a second of matplotlib) is skipped once the board is closed: a closed
+    board's chart thread ends after reading, and a notebook (or a test) waits for nothing."""
+    make(queue, "completed")
+    asked: list[bool] = []
+
+    def wanted() -> bool:
+        asked.append(True)
+        return False
+
+    assert board_picture(queue, wanted) == ""
+    assert asked == [True]  # asked once the data is read, before drawing
+    assert "<svg" in board_picture(queue)
+
+
 # -- the dead-letter view -----------------------------------------------------------
 
 
@@ -605,7 +630,7 @@ def test_the_board_lists_schedules_with_their_next_run_in_local_time(
         report = write_notebook(tmp_path / "report.ipynb", "1")
         q.periodic_notebook(report, cron="0 6 * * MON-FRI", tz="Europe/Berlin", name="eu-daily")
         q.periodic(every=3600, name="hourly")(lambda: None)
-        board = JobBoard(q, interval=3600)
+        board = JobBoard(q, interval=3600, chart=False)
         views.append(board)
         line = board.schedules_html.value
         assert "SCHEDULES" in line

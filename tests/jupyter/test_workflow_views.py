@@ -58,7 +58,7 @@ def test_a_doomed_job_says_which_dead_job_to_requeue(queue: Queue, views: list[A
     notes = waiting_notes(queue, listed)
     assert notes[summary.id] == f"waiting on dead #{search.id}: requeue it"
     assert notes[late.id] == f"waiting on #{other.id} (pending)"
-    board = JobBoard(queue, interval=3600)
+    board = JobBoard(queue, interval=3600, chart=False)
     views.append(board)
     assert f"waiting on dead #{search.id}: requeue it" in board.table.value
     assert f"waiting on #{other.id} (pending)" in board.table.value
@@ -75,7 +75,7 @@ def test_the_detail_pane_shows_parents_children_the_graph_and_steps(queue: Queue
     join = queue.enqueue({"join": 1}, after=[left, right])
     with queue.worker():
         root.result(timeout=30)
-    board = JobBoard(queue, interval=3600)
+    board = JobBoard(queue, interval=3600, chart=False)
     views.append(board)
     board.select(root.id)
     detail = board.detail.value

@@ -592,6 +592,7 @@ def held_for_good(server: str, statement: str) -> Iterator[None]:
             conn.rollback()
 
 
+@pytest.mark.slow  # real seconds: it proves a real-time bound
 def test_a_lock_held_for_good_fails_the_kernels_enqueue_board_and_cancel_with_a_storage_error(
     pg_url: str, pg_server: str
 ) -> None:
@@ -617,6 +618,7 @@ def test_a_lock_held_for_good_fails_the_kernels_enqueue_board_and_cancel_with_a_
         q.close()
 
 
+@pytest.mark.slow  # real seconds: it proves a real-time bound
 def test_the_advisory_lock_held_for_good_fails_the_open_with_a_storage_error(
     pg_url: str, pg_server: str
 ) -> None:
@@ -1013,6 +1015,7 @@ def test_a_handler_hanging_past_its_timeout_is_retried_and_its_late_return_refus
             worker.stop(timeout=10)
 
 
+@pytest.mark.slow  # real seconds: it proves a real-time bound
 def test_without_a_timeout_a_hung_handler_keeps_its_lease(place: Place) -> None:
     """Documented behaviour: heartbeats come from the worker, not the handler, so a handler that
     hangs with no `timeout` holds its job for as long as the process lives; recover() never

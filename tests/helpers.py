@@ -74,3 +74,14 @@ def read_pids(path: Path) -> list[int]:
 def write_pid(path: str) -> None:
     with open(path, "a") as file:
         file.write(f"{os.getpid()}\n")
+
+
+#: The test profile: NBQUEUE_TEST_PROFILE=fast (`make test-fast`) runs each property test at a few
+#: examples (a smoke run); unset or "full" (`make test`) at its full size.
+TEST_PROFILE = os.environ.get("NBQUEUE_TEST_PROFILE") or "full"
+FAST_EXAMPLES = 15
+
+
+def examples(full: int) -> int:
+    """How many examples a property test runs: `full`, or at most FAST_EXAMPLES in the fast profile."""
+    return min(full, FAST_EXAMPLES) if TEST_PROFILE == "fast" else full

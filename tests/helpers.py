@@ -6,14 +6,18 @@ A plain module (no fixtures): pytest puts the checkout on sys.path because tests
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nbqueue import Backoff, Queue
+from nbqueue import Backoff, Queue, cli
 
 T = TypeVar("T")
 MakeQueue = Callable[..., Queue]
@@ -74,3 +78,47 @@ def read_pids(path: Path) -> list[int]:
 def write_pid(path: str) -> None:
     with open(path, "a") as file:
         file.write(f"{os.getpid()}\n")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`nbqueue ARGS` run by nbqueue.cli.main in this process, as `subprocess.run` would report it:
+    the exit status (argparse's SystemExit included), stdout and stderr (an exception a real
+    process would print as a traceback fails the test here instead).
+
+    The process-wide state the command line sets is put back: the root logger (emptied first, so
+    the worker's logging.basicConfig writes to this stderr as in a fresh process), sys.path and
+    the SIGINT/SIGTERM handlers. A test about the process itself (signals, the console script, a
+    running worker's output) starts a real one instead.
+    """
+    root = logging.getLogger()
+    handlers, level, path = root.handlers[:], root.level, sys.path[:]
+    on_signal = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    out, err = io.StringIO(), io.StringIO()
+    root.handlers = []
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = cli.main(list(args))
+            except SystemExit as exc:
+                status = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    finally:
+        for added in root.handlers:
+            added.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        sys.path[:] = path
+        for number, handler in on_signal.items():
+            if handler is not None:  # None: set outside Python, nothing the CLI could have changed
+                signal.signal(number, handler)
+    return subprocess.CompletedProcess(["nbqueue", *args], status, out.getvalue(), err.getvalue())
+
+
+#: The test profile: NBQUEUE_TEST_PROFILE=fast (`make test-fast`) runs each property test at a few
+#: examples (a smoke run); unset or "full" (`make test`) at its full size.
+TEST_PROFILE = os.environ.get("NBQUEUE_TEST_PROFILE") or "full"
+FAST_EXAMPLES = 15
+
+
+def examples(full: int) -> int:
+    """How many examples a property test runs: `full`, or at most FAST_EXAMPLES in the fast profile."""
+    return min(full, FAST_EXAMPLES) if TEST_PROFILE == "fast" else full

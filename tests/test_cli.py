@@ -1,4 +1,6 @@
-"""The nbqueue command, run as a real subprocess against a real queue file."""
+"""The nbqueue command against a real queue file: run by nbqueue.cli.main in this process
+(tests.helpers.run_cli) where a process adds nothing; a real subprocess where the process is the
+point (signals, a running worker's output, `python -m nbqueue` and the console script)."""
 
 from __future__ import annotations
 
@@ -17,18 +19,7 @@ import pytest
 
 import nbqueue
 from nbqueue import Progress, Queue
-from tests.helpers import wait_until
-
-
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nbqueue", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        check=False,
-    )
+from tests.helpers import run_cli, wait_until
 
 
 @pytest.fixture
@@ -40,10 +31,10 @@ def test_stats_counts_every_state(db: str) -> None:
     q = nbqueue.Queue(db)
     q.enqueue({"n": 1})
     q.enqueue({"n": 2})
-    done = run("stats", db, "--json")
+    done = run_cli("stats", db, "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {s.value: 0 for s in nbqueue.State} | {"pending": 2}
-    table, by_task = run("stats", db).stdout.split("\n\n")
+    table, by_task = run_cli("stats", db).stdout.split("\n\n")
     rows = dict(line.split() for line in table.splitlines())
     assert rows == {s.value: "0" for s in nbqueue.State} | {"pending": "2", "total": "2"}
     assert by_task.strip() == "2 pending raw payload job(s) (taken by claim(), never by a worker)"
@@ -56,9 +47,9 @@ def test_jobs_lists_dead_ones_with_their_error(db: str) -> None:
     job = q.claim()
     assert job is not None
     q.fail(job, "the API said no")
-    listed = json.loads(run("jobs", db, "--status", "dead", "--json").stdout)
+    listed = json.loads(run_cli("jobs", db, "--status", "dead", "--json").stdout)
     assert [(j["id"], j["status"], j["error"]) for j in listed] == [(job.id, "dead", "the API said no")]
-    text = run("jobs", db).stdout
+    text = run_cli("jobs", db).stdout
     assert "the API said no" in text and "pending" in text
 
 
@@ -69,20 +60,20 @@ def test_requeue_ids_and_all_dead(db: str) -> None:
         claimed = q.claim()
         assert claimed is not None
         q.fail(claimed, "boom")
-    assert run("requeue", db, str(ids[0])).stdout.strip() == "requeued 1 job(s)"
+    assert run_cli("requeue", db, str(ids[0])).stdout.strip() == "requeued 1 job(s)"
     assert q.get(ids[0]).status == "pending"
-    assert run("requeue", db, "--all-dead").stdout.strip() == "requeued 2 job(s)"
+    assert run_cli("requeue", db, "--all-dead").stdout.strip() == "requeued 2 job(s)"
     assert q.counts()["pending"] == 3
 
 
 def test_cancel_and_purge(db: str) -> None:
     q = nbqueue.Queue(db)
     a, b = q.enqueue({"n": 1}), q.enqueue({"n": 2})
-    assert run("cancel", db, str(a.id)).returncode == 0
+    assert run_cli("cancel", db, str(a.id)).returncode == 0
     assert q.get(a.id).status == "cancelled"
-    done = run("purge", db, "--status", "cancelled", "--older-than", "7d")
+    done = run_cli("purge", db, "--status", "cancelled", "--older-than", "7d")
     assert done.stdout.strip() == "purged 0 job(s)"  # too young
-    assert run("purge", db, "--status", "cancelled").stdout.strip() == "purged 1 job(s)"
+    assert run_cli("purge", db, "--status", "cancelled").stdout.strip() == "purged 1 job(s)"
     assert q.get(b.id).status == "pending"
     with pytest.raises(nbqueue.JobNotFound):
         q.get(a.id)
@@ -104,19 +95,19 @@ def test_cancel_and_purge(db: str) -> None:
     ],
 )
 def test_bad_arguments_exit_2_with_usage(args: list[str], db: str) -> None:
-    done = run(*[db if a == "DB" else a for a in args])
+    done = run_cli(*[db if a == "DB" else a for a in args])
     assert done.returncode == 2
     assert "usage:" in done.stderr
 
 
 def test_queue_errors_exit_1_with_one_line(db: str, tmp_path: Path) -> None:
     nbqueue.Queue(db)
-    done = run("cancel", db, "999")
+    done = run_cli("cancel", db, "999")
     assert done.returncode == 1
     assert done.stderr.strip() == f"nbqueue: error: {db}: no job with id 999"
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not sqlite at all" * 100)
-    done = run("stats", str(garbage))
+    done = run_cli("stats", str(garbage))
     assert done.returncode == 1 and "not" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -180,7 +171,10 @@ def test_python_dash_m_and_console_script_agree(db: str) -> None:
     if not script.exists():
         pytest.fail(f"the console script is not installed next to {sys.executable}")
     a = subprocess.run([str(script), "stats", db, "--json"], capture_output=True, text=True, check=True)
-    assert a.stdout == run("stats", db, "--json").stdout
+    b = subprocess.run(
+        [sys.executable, "-m", "nbqueue", "stats", db, "--json"], capture_output=True, text=True, check=True
+    )
+    assert a.stdout == b.stdout
     assert os.access(script, os.X_OK)
 
 

@@ -18,6 +18,7 @@ import pytest
 
 import nbqueue
 from nbqueue.storage import NewJob
+from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -174,14 +175,8 @@ def test_time_comes_from_the_server(pg_url: str) -> None:
 def test_cli_works_on_a_postgres_url(pg_url: str) -> None:
     q = nbqueue.Queue(pg_url)
     q.enqueue({"n": 1})
-    done = subprocess.run(
-        [sys.executable, "-m", "nbqueue", "stats", pg_url, "--json"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        check=True,
-        timeout=60,
-    )
+    done = run_cli("stats", pg_url, "--json")
+    assert done.returncode == 0, done.stderr
     assert '"pending": 1' in done.stdout
 
 

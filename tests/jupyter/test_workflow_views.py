@@ -6,8 +6,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +15,7 @@ import nbqueue
 from nbqueue import Queue
 from nbqueue.dag import COLOURS, MAX_COLUMN, MAX_LEVELS, levels, svg
 from nbqueue.jupyter.views import GraphView, JobBoard, job_detail, waiting_notes
-from tests.helpers import wait_until
+from tests.helpers import run_cli, wait_until
 
 
 def nodes(drawing: str) -> dict[int, str]:
@@ -174,13 +172,7 @@ def test_cli_graph_and_steps(queue: Queue, queue_target: str) -> None:
         first.result(timeout=30)
 
     def cli(*args: str) -> Any:
-        done = subprocess.run(
-            [sys.executable, "-m", "nbqueue", args[0], queue_target, *args[1:], "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = run_cli(args[0], queue_target, *args[1:], "--json")
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 

@@ -7,6 +7,16 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
+
+from tests.helpers import FAST_EXAMPLES, TEST_PROFILE
+
+# Hypothesis profiles for a plain @given: "full" (make test) hypothesis's own sizes, "fast"
+# (NBQUEUE_TEST_PROFILE=fast, make test-fast) a few examples. The models size themselves with
+# tests.helpers.examples (their full size is not hypothesis's default).
+settings.register_profile("full", settings())
+settings.register_profile("fast", settings(max_examples=FAST_EXAMPLES))
+settings.load_profile(TEST_PROFILE)
 
 
 class Records(logging.Handler):

@@ -13,8 +13,6 @@ import json
 import math
 import re
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +26,7 @@ import pytest
 import nbqueue
 from nbqueue import Job, Queue
 from nbqueue.payload import MAX_BYTES
+from tests.helpers import run_cli
 
 Call = Callable[[Queue, "Seeded"], Any]
 
@@ -471,17 +470,6 @@ def test_a_job_with_a_far_future_run_at_does_not_poison_the_queue(path: Path) ->
 # -- the command line ------------------------------------------------------------------------------
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nbqueue", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def cli_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A real queue (one job in each useful state) and a few files that are not queues."""
@@ -539,7 +527,7 @@ CLI_USAGE = [
 @pytest.mark.parametrize("args", CLI_USAGE, ids=[" ".join(a) for a in CLI_USAGE])
 def test_cli_bad_arguments_exit_2_with_usage(cli_files: dict[str, Path], args: list[str]) -> None:
     before = snapshot(cli_files["DB"])
-    done = cli(*expand(args, cli_files))
+    done = run_cli(*expand(args, cli_files))
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "usage:" in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("nbqueue")
@@ -571,7 +559,7 @@ def test_cli_errors_exit_1_with_one_clear_line(
 ) -> None:
     before = snapshot(cli_files["DB"])
     args = [a.replace("DIR/", f"{cli_files['DIR']}/") for a in expand(args, cli_files)]
-    done = cli(*args)
+    done = run_cli(*args)
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.returncode in (1, 2), (done.returncode, done.stderr)
     lines = done.stderr.strip().splitlines()
@@ -583,11 +571,11 @@ def test_cli_errors_exit_1_with_one_clear_line(
 
 def test_cli_odd_queue_names_work(cli_files: dict[str, Path]) -> None:
     for name in ("'; DROP TABLE nbqueue_jobs; --", "😀 q"):
-        done = cli("jobs", str(cli_files["DB"]), "--queue", name, "--json")
+        done = run_cli("jobs", str(cli_files["DB"]), "--queue", name, "--json")
         assert done.returncode == 0, done.stderr
         listed = json.loads(done.stdout)
         assert [j["queue"] for j in listed] == [name]
-    assert cli("stats", str(cli_files["DB"]), "--json").returncode == 0
+    assert run_cli("stats", str(cli_files["DB"]), "--json").returncode == 0
     with Queue(cli_files["DB"]) as q:
         assert sum(q.counts().values()) == 4
 
@@ -783,13 +771,7 @@ def test_magics_accept_odd_but_valid_names(ip: Any) -> None:
 
 def test_cli_lists_a_damaged_row_with_its_damage(cli_files: dict[str, Path]) -> None:
     """One damaged row does not stop `nbqueue jobs`: it is listed, its damage in the error column."""
-    done = subprocess.run(
-        [sys.executable, "-m", "nbqueue", "jobs", str(cli_files["NOTJSON"])],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli("jobs", str(cli_files["NOTJSON"]))
     assert done.returncode == 0, done.stderr
     assert "cannot be read" in done.stdout
     assert "Traceback" not in done.stderr

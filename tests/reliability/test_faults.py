@@ -38,7 +38,7 @@ import pytest
 
 import nbqueue
 from nbqueue import Backoff, ManualClock, Queue
-from tests.helpers import wait_until
+from tests.helpers import run_cli, wait_until
 from tests.reliability.conftest import Records
 
 PAD = "x" * 1500  # a payload that fills a good part of a page
@@ -902,13 +902,7 @@ def test_schema_from_a_newer_nbqueue_is_refused_and_left_untouched(place: Place)
     before = place.snapshot()
     with pytest.raises(nbqueue.SchemaTooNew, match="upgrade"):
         Queue(place.target)
-    done = subprocess.run(
-        [sys.executable, "-m", "nbqueue", "stats", place.target],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli("stats", place.target)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1 and "upgrade" in done.stderr

@@ -41,6 +41,7 @@ from hypothesis.stateful import (
 import nbqueue
 from nbqueue import Job
 from nbqueue.clock import from_us, to_us
+from tests.helpers import examples
 
 PENDING, RUNNING, COMPLETED, FAILED, DEAD, CANCELLED = (
     "pending",
@@ -426,7 +427,9 @@ class QueueMachine(RuleBasedStateMachine):
 
 def model_settings(backend: str) -> settings:
     return settings(
-        max_examples=600 * SOAK if SOAK else QUICK_EXAMPLES[backend],
+        max_examples=600 * SOAK
+        if SOAK
+        else examples(QUICK_EXAMPLES[backend]),  # NBQUEUE_TEST_PROFILE=fast: 15
         stateful_step_count=60 if SOAK else 30,
         deadline=None,
         database=None,  # no .hypothesis/ folder in the repository; a failure prints its steps

@@ -63,6 +63,7 @@ from hypothesis.stateful import (
 
 import nbqueue
 from nbqueue import Job
+from tests.helpers import examples
 
 PENDING, RUNNING, COMPLETED, FAILED = "pending", "running", "completed", "failed"
 DEAD, CANCELLED = "dead", "cancelled"
@@ -423,7 +424,9 @@ class DependencyMachine(RuleBasedStateMachine):
 
 def model_settings(backend: str) -> settings:
     return settings(
-        max_examples=400 * SOAK if SOAK else QUICK_EXAMPLES[backend],
+        max_examples=400 * SOAK
+        if SOAK
+        else examples(QUICK_EXAMPLES[backend]),  # NBQUEUE_TEST_PROFILE=fast: 15
         stateful_step_count=60 if SOAK else 30,
         deadline=None,
         database=None,  # no .hypothesis/ folder in the repository; a failure prints its steps

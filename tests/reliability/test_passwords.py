@@ -8,9 +8,6 @@ password in the URL still connects: that lets a real queue carry one.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ import pytest
 
 import nbqueue
 from nbqueue.targets import redact
+from tests.helpers import run_cli
 
 SECRET = "s3cret-Pa55"
 
@@ -60,24 +58,9 @@ def walk(widget: Any) -> list[Any]:
 def test_the_cli_never_prints_the_password(secret_url: str, pg_server: str, tmp_path: Path) -> None:
     bad = secret_url.replace("/test?", "/no_such_database_here?")
     for url in (bad, secret_url):
-        done = subprocess.run(
-            [sys.executable, "-m", "nbqueue", "stats", url],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = run_cli("stats", url)
         assert SECRET not in done.stderr + done.stdout, done.stderr
-    assert (
-        "no_such_database_here"
-        in subprocess.run(
-            [sys.executable, "-m", "nbqueue", "stats", bad],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        ).stderr
-    )
+    assert "no_such_database_here" in run_cli("stats", bad).stderr
 
 
 @pytest.mark.parametrize(
@@ -105,13 +88,7 @@ def test_nbqueue_url_names_the_queue_when_none_is_given(
     monkeypatch.delenv("NBQUEUE_URL")
     with pytest.raises(nbqueue.InvalidArgument, match="NBQUEUE_URL"):
         nbqueue.Queue()
-    done = subprocess.run(
-        [sys.executable, "-m", "nbqueue", "stats", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "NBQUEUE_URL": pg_url},
-    )
+    monkeypatch.setenv("NBQUEUE_URL", pg_url)
+    done = run_cli("stats", "--json")
     assert done.returncode == 0, done.stderr
     assert '"pending": 1' in done.stdout

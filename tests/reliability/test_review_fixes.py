@@ -13,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -28,7 +26,7 @@ from psycopg import sql as pg_sql
 import nbqueue
 from nbqueue import Queue
 from nbqueue.payload import MAX_TEXT
-from tests.helpers import wait_until
+from tests.helpers import run_cli, wait_until
 
 
 def digest(path: Path) -> str:
@@ -152,13 +150,7 @@ def test_a_hand_written_row_never_reaches_the_board_unescaped(tmp_path: Path) ->
 
 @pytest.mark.parametrize("grace", ["20000w", "200y", "1e400"])
 def test_the_cli_refuses_a_grace_out_of_range(tmp_path: Path, grace: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "nbqueue", "worker", str(tmp_path / "jobs.db"), "--grace", grace],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli("worker", str(tmp_path / "jobs.db"), "--grace", grace)
     assert done.returncode == 2, done.stderr
     assert "--grace" in done.stderr
     assert "Traceback" not in done.stderr

@@ -22,6 +22,7 @@ import pytest
 import nbqueue
 from nbqueue import Queue
 from nbqueue.cells import CELL_TASK, register_cell_task
+from tests.helpers import run_cli
 
 PACKAGE = Path(nbqueue.__file__).parent
 
@@ -364,13 +365,7 @@ def test_a_database_created_by_the_cli_is_owner_only(tmp_path: Path) -> None:
     path = tmp_path / "cli.db"
     notebook = tmp_path / "report.ipynb"  # queueing a notebook run creates the queue file
     notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
-    done = subprocess.run(
-        [sys.executable, "-m", "nbqueue", "notebook", str(path), str(notebook)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli("notebook", str(path), str(notebook))
     assert done.returncode == 0, done.stderr
     assert mode(path) == 0o600
 

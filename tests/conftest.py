@@ -18,6 +18,7 @@ import pytest
 
 import nbqueue
 from nbqueue import tasks
+from tests import templates
 
 MakeQueue = Callable[..., nbqueue.Queue]
 
@@ -74,6 +75,30 @@ def pg_url(pg_server: str) -> Iterator[str]:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+@pytest.fixture(scope="session")
+def pg_schemas(pg_server: str) -> Iterator[templates.SchemaPool]:
+    """This process's migrated schemas, emptied between tests; all dropped at the end."""
+    pool = templates.SchemaPool(pg_server)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def migrated_pg_url(pg_schemas: templates.SchemaPool) -> Iterator[str]:
+    """A queue URL in a migrated, empty schema that no other test uses while this one runs."""
+    schema = pg_schemas.take()
+    yield pg_schemas.url(schema)
+    pg_schemas.give_back(schema)
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated queue file made once per test process, for `queue_target` to copy."""
+    path = tmp_path_factory.mktemp("template") / "jobs.db"
+    templates.make_sqlite_template(path)
+    return path
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -81,10 +106,14 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def queue_target(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    """Where the queue under test lives: a fresh SQLite file, or a fresh PostgreSQL schema."""
+    """Where the queue under test lives: a migrated, empty queue of its own (a copy of a template
+    SQLite file, or a PostgreSQL schema emptied after its last test: tests/templates.py). Tests
+    of creating or migrating a queue use tmp_path or `pg_url` instead."""
     if backend == "postgres":
-        return str(request.getfixturevalue("pg_url"))
-    return str(tmp_path / "jobs.db")
+        return str(request.getfixturevalue("migrated_pg_url"))
+    target = tmp_path / "jobs.db"
+    templates.copy_sqlite_template(request.getfixturevalue("sqlite_template"), target)
+    return str(target)
 
 
 @pytest.fixture

@@ -24,6 +24,8 @@ import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
@@ -41,6 +43,7 @@ from hypothesis.stateful import (
 import nbqueue
 from nbqueue import Job
 from nbqueue.clock import from_us, to_us
+from tests import templates
 from tests.helpers import examples
 
 PENDING, RUNNING, COMPLETED, FAILED, DEAD, CANCELLED = (
@@ -96,10 +99,12 @@ class Model:
     error: str | None = None
 
 
-def sqlite_place() -> tuple[str, Callable[[], None]]:
-    """A fresh SQLite file in a folder of its own."""
+def sqlite_place(template: Path) -> tuple[str, Callable[[], None]]:
+    """A fresh SQLite file in a folder of its own: a copy of the migrated template (tests/templates.py)."""
     folder = tempfile.mkdtemp(prefix="nbqueue-model-")
-    return os.path.join(folder, "jobs.db"), lambda: shutil.rmtree(folder, ignore_errors=True)
+    target = os.path.join(folder, "jobs.db")
+    templates.copy_sqlite_template(template, Path(target))
+    return target, lambda: shutil.rmtree(folder, ignore_errors=True)
 
 
 def postgres_place(server: str, admin: Any, made: list[str]) -> Place:
@@ -441,7 +446,10 @@ def model_settings(backend: str) -> settings:
 def test_queue_model(backend: str, request: pytest.FixtureRequest) -> None:
     """The queue against the model, on a fresh file or schema per example."""
     if backend == "sqlite":
-        run_state_machine_as_test(lambda: QueueMachine(sqlite_place), settings=model_settings(backend))
+        template = request.getfixturevalue("sqlite_template")
+        run_state_machine_as_test(
+            lambda: QueueMachine(partial(sqlite_place, template)), settings=model_settings(backend)
+        )
         return
     import psycopg
 

@@ -47,6 +47,8 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
@@ -63,6 +65,7 @@ from hypothesis.stateful import (
 
 import nbqueue
 from nbqueue import Job
+from tests import templates
 from tests.helpers import examples
 
 PENDING, RUNNING, COMPLETED, FAILED = "pending", "running", "completed", "failed"
@@ -117,10 +120,12 @@ class Model:
     attempts: int = 0
 
 
-def sqlite_place() -> tuple[str, Callable[[], None]]:
-    """A fresh SQLite file in a folder of its own."""
+def sqlite_place(template: Path) -> tuple[str, Callable[[], None]]:
+    """A fresh SQLite file in a folder of its own: a copy of the migrated template (tests/templates.py)."""
     folder = tempfile.mkdtemp(prefix="nbqueue-deps-")
-    return os.path.join(folder, "jobs.db"), lambda: shutil.rmtree(folder, ignore_errors=True)
+    target = os.path.join(folder, "jobs.db")
+    templates.copy_sqlite_template(template, Path(target))
+    return target, lambda: shutil.rmtree(folder, ignore_errors=True)
 
 
 def postgres_place(server: str, admin: Any, made: list[str]) -> Place:
@@ -438,8 +443,9 @@ def model_settings(backend: str) -> settings:
 def test_dependency_model(backend: str, request: pytest.FixtureRequest) -> None:
     """Random graphs against the model, on a fresh file or schema per example."""
     if backend == "sqlite":
+        template = request.getfixturevalue("sqlite_template")
         run_state_machine_as_test(
-            lambda: DependencyMachine(sqlite_place),  # type: ignore[arg-type]  # any factory will do
+            lambda: DependencyMachine(partial(sqlite_place, template)),  # type: ignore[arg-type]  # any factory will do
             settings=model_settings(backend),
         )
         return

@@ -172,9 +172,10 @@ class SchemaPool:
     @staticmethod
     def _in_use(conn: Any, schema: str) -> bool:
         """Whether a connection of nbqueue is on the schema a moment after the test closed its own
-        (a backend leaves pg_stat_activity shortly after its client has gone)."""
+        (a backend leaves pg_stat_activity shortly after its client has gone: up to 2 s on a
+        loaded machine, then the schema is dropped, never reused)."""
         app = f"nbqueue:{schema}"[:63]
-        for _ in range(20):
+        for _ in range(200):
             users = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,))
             if not users.fetchone()[0]:
                 return False

@@ -86,12 +86,16 @@ class Trust:
         approved)."""
         if not signing.verify_job(self.identity, covered(row), row[SIGNATURE]):
             return None
-        nonce = signing.nonce_of(row[SIGNATURE])
-        assert nonce is not None
-        run = self._runs([nonce]).get(nonce)
+        run = self._run_of(row)
         if run is not None and int(run[1]) != int(row[ID]):
             return None
         return signing.sign_job(self.identity, covered(row, payload))
+
+    def _run_of(self, row: Row) -> Row | None:
+        """The run its verified signature's nonce is bound to (None: no job has claimed it yet)."""
+        nonce = signing.nonce_of(row[SIGNATURE])
+        assert nonce is not None  # a signature that verifies has one
+        return self._runs([nonce]).get(nonce)
 
     def approve(self, row: Row) -> str:
         """The signature a person's approval gives a row (a fresh nonce)."""
@@ -104,9 +108,7 @@ class Trust:
             if signing.nonce_of(signature) is None and signing.verify(row[TASK], row[PAYLOAD], signature):
                 return policy.OLD_SIGNATURE
             return policy.NOT_SIGNED
-        nonce = signing.nonce_of(signature)
-        assert nonce is not None
-        run = self._runs([nonce]).get(nonce)  # bound by the claim's own trigger
+        run = self._run_of(row)  # bound by the claim's own trigger
         if run is None or int(run[1]) != int(row[ID]):
             return policy.signed_copy(None if run is None else int(run[1]))
         if run[2] is not None:

@@ -460,7 +460,7 @@ def from_row(row: Sequence[Any]) -> Job:
             progress_total=row[23],
             progress_message=_text(row[24]),
             signature=_text(row[25]),
-            limits=_limits(row[26]),
+            limits=stored_limits(row[26]),
             snoozes=_integer(row[27]),
             parents_left=_integer(row[28]),
             when=_text(row[29]),
@@ -511,14 +511,15 @@ def _required_text(value: Any) -> str:
     return value
 
 
-def _limits(value: Any) -> dict[str, int]:
-    """A job's stored limits: a JSON object of key -> whole units (nbqueue.options checks them
-    fully at enqueue and at the claim)."""
+def stored_limits(value: Any) -> dict[str, int]:
+    """A job's stored limits column read back: a JSON object of key -> whole units (TypeError or
+    ValueError for anything else; nbqueue.options.read_stored checks the keys and units further)."""
     if value is None or value == "":
         return {}
     found = json.loads(_required_text(value))
     if not isinstance(found, dict) or not all(
-        isinstance(key, str) and _integer(units) >= 1 for key, units in found.items()
+        isinstance(key, str) and isinstance(units, int) and not isinstance(units, bool) and units >= 1
+        for key, units in found.items()
     ):
         raise ValueError(f"limits are not a JSON object of key -> whole units: {value[:80]!r}")
     return found

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, TypedDict
 from .clock import Duration, seconds, utc_seconds
 from .dependencies import when
 from .errors import InvalidArgument, JobNotFound
+from .jobs import stored_limits
 
 MAX_UNITS = 10**9  # units of one limit key a job may take
 
@@ -286,16 +287,10 @@ def stored(limits: Mapping[str, int]) -> str | None:
 def read_stored(text: object) -> dict[str, int]:
     """A job's limits read back as `stored` wrote them; InvalidArgument if the row holds anything
     else (text that is not JSON, a BLOB, units that enqueue would refuse)."""
-    if text is None or text == "":
-        return {}
-    if not isinstance(text, str):
-        raise InvalidArgument(f"limits are stored as {type(text).__name__}, not text")
     try:
-        found = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidArgument(f"limits are not JSON ({type(exc).__name__})") from None
-    if not isinstance(found, dict):
-        raise InvalidArgument(f"limits are not a JSON object of key -> units: {text[:80]!r}")
+        found = stored_limits(text)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"limits cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
     return limit_units(found)
 
 

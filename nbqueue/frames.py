@@ -99,7 +99,7 @@ def _next_start(row: Sequence[Any], now_us: int) -> float:
 
 
 # What each column of a limits row holds when nbqueue wrote it (NoneType: it may be NULL).
-_LIMIT_COLUMNS = (
+_LIMIT_COLUMNS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
     ("key", "text", (str,)),
     ("concurrency", "integer", (int, type(None))),
     ("rate", "number", (int, float, type(None))),

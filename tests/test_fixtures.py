@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import time
 from pathlib import Path
 
 import psycopg
@@ -45,6 +46,15 @@ def test_a_reused_postgres_schema_is_empty_and_counts_from_one(pg_schemas: templ
     with nbqueue.Queue(pg_schemas.url(schema)) as q:
         q.enqueue_many(["a", "b"])
         q.claim()
+    # Reuse needs the queue's backend gone from pg_stat_activity; on a loaded machine that can
+    # take longer than the pool waits (then it drops the schema, which is safe but not this test).
+    with psycopg.connect(pg_schemas.server, autocommit=True) as conn:
+        deadline = time.monotonic() + 30
+        while conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (f"nbqueue:{schema}"[:63],)
+        ).fetchone() != (0,):
+            assert time.monotonic() < deadline, "the queue's connection never left"
+            time.sleep(0.05)
     pg_schemas.give_back(schema)
     assert pg_schemas.take() == schema  # the same schema, reused
     try:

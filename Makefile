@@ -6,6 +6,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=120
+# Tests outside the notebooks run without nbval's plugin (its import costs each process ~1.5 s).
+PYTEST := $(BIN)/python -m pytest -p no:nbval
+# This machine's environment sets PYTHONDONTWRITEBYTECODE: every test process then compiles
+# nbqueue again and pytest rewrites every test module's asserts again (~6 s per process).
+unexport PYTHONDONTWRITEBYTECODE
 # Test processes for the fast set: two cores, shared with the PostgreSQL server.
 JOBS   ?= 4
 # `make bench` runs in a venv of its own: this checkout plus the peers it is measured against
@@ -43,19 +48,19 @@ lint: $(STAMP)
 # notebooks, then the slow and browser tests one at a time (they time kills, faults and kernels,
 # so they run alone). The fast set runs its hypothesis models at full size here.
 test: lint
-	$(BIN)/python -m pytest -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
+	$(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
 	$(MAKE) test-notebooks test-slow
 
 # The everyday loop: the models at fewer examples (NBQUEUE_TEST_PROFILE=fast), the slowest ten
 # named at the end; the pytest cache is on, so `pytest --lf` reruns what failed.
 test-fast: $(STAMP)
-	NBQUEUE_TEST_PROFILE=fast $(BIN)/python -m pytest -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
+	NBQUEUE_TEST_PROFILE=fast $(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
 
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest $(NBVAL) notebooks
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m "slow or ui" --durations=10
+	$(PYTEST) -q -m "slow or ui" --durations=10
 
 test-ui: $(STAMP)
 	$(BIN)/python -m pytest -m ui tests/ui

@@ -27,10 +27,9 @@ from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import aiohttp
-import anthropic
+# openai, anthropic and aiohttp are imported in the calls that use them: at the top they cost every
+# test process ~2.5 s of collection.
 import httpx
-import openai
 import pytest
 import requests
 
@@ -184,6 +183,8 @@ def closed_port() -> str:
 
 
 def call_openai(base: str, mode: str) -> Any:
+    import openai
+
     client = openai.AsyncOpenAI(base_url=f"{base}/{mode}/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
 
     async def ask() -> str:
@@ -197,6 +198,8 @@ def call_openai(base: str, mode: str) -> Any:
 
 
 def call_anthropic(base: str, mode: str) -> str:
+    import anthropic
+
     with anthropic.Anthropic(
         base_url=f"{base}/{mode}", api_key="k", max_retries=0, timeout=TIMEOUT
     ) as client:
@@ -222,6 +225,8 @@ def call_requests(base: str, mode: str) -> str:
 
 
 async def call_aiohttp(base: str, mode: str) -> str:
+    import aiohttp
+
     timeout = aiohttp.ClientTimeout(total=TIMEOUT)
     async with aiohttp.ClientSession(raise_for_status=True, timeout=timeout) as session:
         # POST, as a model API call is: aiohttp retries a reset GET by itself, once
@@ -278,6 +283,8 @@ def test_every_client_s_network_errors_are_network_errors(server: Server, client
 
 
 def test_network_errors_match_no_answer_and_no_other_error() -> None:
+    import openai
+
     assert not isinstance(ValueError("x"), NETWORK_ERRORS)
     assert not isinstance(urllib.error.URLError("unknown url type: ftp2"), NETWORK_ERRORS)
     assert issubclass(httpx.ConnectError, NETWORK_ERRORS) and issubclass(
@@ -457,11 +464,15 @@ def test_a_task_group_s_429_snoozes_and_its_error_is_readable(
 
 def _ask_openai(url: str) -> Any:
     """The SDK's response object, as a step might carelessly return it."""
+    import openai
+
     with openai.OpenAI(base_url=f"{url}/ok/v1", api_key="k", max_retries=0, timeout=TIMEOUT) as client:
         return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
 
 
 async def _ask_openai_async(url: str) -> Any:
+    import openai
+
     client = openai.AsyncOpenAI(base_url=f"{url}/ok/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
     async with client:
         return await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 
 import nbqueue
@@ -17,6 +16,8 @@ PARAMETERS = 'region = "nowhere"\nn = 1'
 
 def write_notebook(path: Path, *cells: str, parameters: str | None = PARAMETERS) -> Path:
     """A notebook of code cells; the first is tagged `parameters` when given."""
+    import nbformat  # here, not at the top: it costs every test process ~1.5 s to import
+
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     if parameters is not None:
@@ -86,6 +87,8 @@ def test_a_missing_or_broken_notebook_or_bad_parameters_are_refused_and_nothing_
 
 
 def test_the_input_is_pinned_at_enqueue_without_its_outputs(queue: nbqueue.Queue, tmp_path: Path) -> None:
+    import nbformat
+
     path = write_notebook(tmp_path / "pinned.ipynb", "print('first')")
     notebook = nbformat.read(path, as_version=4)
     notebook.cells[1].outputs = [nbformat.v4.new_output("stream", text="an old run\n")]
@@ -106,6 +109,8 @@ def test_the_input_is_pinned_at_enqueue_without_its_outputs(queue: nbqueue.Queue
 def test_parameters_are_injected_and_outputs_come_back_in_the_result(
     queue: nbqueue.Queue, tmp_path: Path
 ) -> None:
+    import nbformat
+
     path = write_notebook(
         tmp_path / "report.ipynb",
         "import nbqueue\nnbqueue.output('region', region)\nnbqueue.output('double', n * 2)",
@@ -206,6 +211,8 @@ def test_a_notebook_job_is_a_dependency_of_another_job(queue: nbqueue.Queue, tmp
 def test_a_notebook_whose_kernel_is_not_installed_is_dead_at_once(
     queue: nbqueue.Queue, tmp_path: Path
 ) -> None:
+    import nbformat
+
     path = write_notebook(tmp_path / "r.ipynb", "1")
     notebook = nbformat.read(path, as_version=4)
     notebook.metadata["kernelspec"] = {"name": "no-such-kernel", "display_name": "?", "language": "python"}

@@ -63,6 +63,7 @@ IDLE_RECHECK = 0.5  # seconds an idle thread sleeps before re-reading the due ti
 # them first) waits this long for a change before it claims again, instead of spinning on the
 # database (twelve spinning threads made three PostgreSQL workers 30 times slower).
 HELD_BACK_RECHECK = 0.005
+STOP_REWAKE = 0.02  # seconds between the wake-ups stop() sends runners still waiting
 CANCEL_EVERY = 0.5  # seconds between checks for running jobs cancelled with q.cancel()
 PERIODIC_EVERY = 1.0  # seconds between checks for periodic slots
 KILL_GRACE = 5.0  # seconds stop() gives a process-mode runner to kill its child
@@ -256,8 +257,14 @@ class Worker:
         self.manager.wake()
         deadline = time.monotonic() + timeout
         for thread in threads:  # a runner already retired (its job timed out or cancelled) is not waited for
-            if thread.name != "nbqueue-keeper" and thread not in self._retired:
-                thread.join(max(0.0, deadline - time.monotonic()))
+            while thread.name != "nbqueue-keeper" and thread not in self._retired and thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # Woken again and again: a runner that checked _stopping just before it was set
+                # and only then began to wait would otherwise sleep its whole idle_interval.
+                thread.join(min(left, STOP_REWAKE))
+                self.manager.wake()
         with self._state:
             stuck = [flight for flight in list(self._in_flight.values()) if self._retire(flight)]
         threaded = [flight for flight in stuck if flight.task is None]

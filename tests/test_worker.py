@@ -230,6 +230,24 @@ def test_enqueue_wakes_an_idle_worker(queue: Queue) -> None:
         assert job.result(timeout=2) == "pong"
 
 
+def test_an_idle_worker_stops_at_once_whatever_its_idle_interval(queue: Queue) -> None:
+    """stop() wakes the runners it waits for until they end: a runner that had checked for
+    stopping just before stop() and only then began its idle wait missed the one wake-up and
+    slept out its whole idle_interval (on PostgreSQL, 0.5 s at most run_until_idle calls; 20 s here)."""
+
+    @queue.task(name="known")
+    def known() -> str:
+        return "ran"
+
+    queue.enqueue({"raw": "payload"})  # pending, but no worker runs it
+    for _ in range(3):
+        known.enqueue()
+        began = time.monotonic()
+        queue.worker(lease=5, idle_interval=20).run_until_idle(timeout=60)
+        assert time.monotonic() - began < 5, "stop() waited out an idle runner's interval"
+    assert (queue.counts()["completed"], queue.counts()["pending"]) == (3, 1)
+
+
 def test_worker_rejects_bad_options(queue: Queue) -> None:
     for options in ({"concurrency": 0}, {"concurrency": 1.5}, {"lease": 0}, {"lease": -1}):
         with pytest.raises(nbqueue.InvalidArgument):

@@ -48,13 +48,13 @@ lint: $(STAMP)
 # notebooks, then the slow and browser tests one at a time (they time kills, faults and kernels,
 # so they run alone). The fast set runs its hypothesis models at full size here.
 test: lint
-	$(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
+	$(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --dist loadgroup --durations=10 --timeout=60
 	$(MAKE) test-notebooks test-slow
 
 # The everyday loop: the models at fewer examples (NBQUEUE_TEST_PROFILE=fast), the slowest ten
 # named at the end; the pytest cache is on, so `pytest --lf` reruns what failed.
 test-fast: $(STAMP)
-	NBQUEUE_TEST_PROFILE=fast $(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
+	NBQUEUE_TEST_PROFILE=fast $(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --dist loadgroup --durations=10 --timeout=60
 
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest $(NBVAL) notebooks

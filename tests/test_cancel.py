@@ -89,7 +89,6 @@ def test_cancelling_a_running_process_mode_job_kills_its_process(queue: Queue, t
 
 
 def test_board_shows_progress_and_its_button_cancels_a_running_job(queue: Queue) -> None:
-    pytest.importorskip("ipywidgets")
     from nbqueue.jupyter.views import JobBoard
 
     stopped: list[str] = []

@@ -16,8 +16,9 @@ import pytest
 
 pytestmark = pytest.mark.slow  # run by make test, not make test-fast
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+# nbformat and nbclient are imported by the tests below, not here: jsonschema's format checks
+# (rfc3987_syntax) make `import nbformat` cost ~2.5 s, which every test process would pay at
+# collection, this module's tests deselected or not.
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
@@ -61,6 +62,8 @@ def test_every_tutorial_is_there() -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_is_committed_without_outputs(path: Path) -> None:
+    import nbformat
+
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     for index, cell in enumerate(nb.cells):
@@ -71,6 +74,9 @@ def test_notebook_is_committed_without_outputs(path: Path) -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path: Path, tmp_path: Path, kernel_env: Path) -> None:
+    import nbclient
+    import nbformat
+
     workdir = tmp_path / "run"
     workdir.mkdir()
     copy = workdir / path.name

@@ -13,6 +13,7 @@ PYTEST := $(BIN)/python -m pytest -p no:nbval
 unexport PYTHONDONTWRITEBYTECODE
 # Test processes for the fast set: two cores, shared with the PostgreSQL server.
 JOBS   ?= 4
+SLOW_JOBS ?= 3
 # `make bench` runs in a venv of its own: this checkout plus the peers it is measured against
 # (huey, litequeue, procrastinate, pgqueuer), so .venv (and a plain worker install) stays small.
 BENCH_VENV  ?= .venv-bench
@@ -45,22 +46,25 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # Everything: lint and the fast set first (a broken change fails in a minute), then the
-# notebooks, then the slow and browser tests one at a time (they time kills, faults and kernels,
-# so they run alone). The fast set runs its hypothesis models at full size here.
+# notebooks, then the slow and browser tests. The fast set runs its hypothesis models at full
+# size here.
 test: lint
-	$(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --dist loadgroup --durations=10 --timeout=60
+	$(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
 	$(MAKE) test-notebooks test-slow
 
 # The everyday loop: the models at fewer examples (NBQUEUE_TEST_PROFILE=fast), the slowest ten
 # named at the end; the pytest cache is on, so `pytest --lf` reruns what failed.
 test-fast: $(STAMP)
-	NBQUEUE_TEST_PROFILE=fast $(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --dist loadgroup --durations=10 --timeout=60
+	NBQUEUE_TEST_PROFILE=fast $(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
 
+# One process per notebook (its cells run in order in one kernel), two at a time.
 test-notebooks: $(STAMP)
-	$(BIN)/python -m pytest $(NBVAL) notebooks
+	$(BIN)/python -m pytest $(NBVAL) -n 2 --dist loadfile notebooks
 
+# The slow tests mostly wait (on kills, leases, timeouts, kernels, other processes), so three
+# run at once; their time limits leave room for a loaded machine.
 test-slow: $(STAMP)
-	$(PYTEST) -q -m "slow or ui" --durations=10
+	$(PYTEST) -q -m "slow or ui" -n $(SLOW_JOBS) --durations=10
 
 test-ui: $(STAMP)
 	$(BIN)/python -m pytest -m ui tests/ui

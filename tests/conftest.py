@@ -37,25 +37,6 @@ def _isolated_registry() -> Iterator[None]:
     tasks.restore(saved)
 
 
-# Tests whose first use in a process costs seconds of imports (IPython and ipywidgets; the
-# openai and anthropic SDKs; nbclient and its kernels) run in one test process each under
-# `pytest -n N --dist loadgroup` (make test-fast), so that only one process pays.
-HEAVY_GROUPS = {
-    "tests/jupyter/": "ipython",
-    "tests/test_client_errors.py": "client-libraries",
-    "tests/test_notebook_jobs.py": "notebook-kernels",
-}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    root = Path(__file__).resolve().parent.parent
-    for item in items:
-        where = item.path.relative_to(root).as_posix()
-        for prefix, group in HEAVY_GROUPS.items():
-            if where.startswith(prefix):
-                item.add_marker(pytest.mark.xdist_group(group))
-
-
 PG_SERVER = os.environ.get("NBQUEUE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 

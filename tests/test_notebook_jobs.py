@@ -171,14 +171,17 @@ def test_a_notebook_past_its_timeout_is_killed_with_its_kernel_and_what_it_start
     queue = make_queue()
     pid_file = tmp_path / "pids"
     path = write_notebook(tmp_path / "hangs.ipynb", HANG, parameters="pid_file = ''")
-    job = queue.enqueue_notebook(path, {"pid_file": str(pid_file)}, timeout=8, max_retries=0)
+    # The timeout covers the kernel's start too: 15 s leaves room for a slow start on a loaded
+    # machine (with 8 s, three slow tests at once and another suite beside them, the kernel was
+    # still starting when the job timed out, and the cell never wrote its pids).
+    job = queue.enqueue_notebook(path, {"pid_file": str(pid_file)}, timeout=15, max_retries=0)
     with queue.worker(allow_code=True, notebook_dir=tmp_path / "out", mode=mode):
         pids = [int(pid) for pid in wait_for(pid_file).split()]
         with pytest.raises(nbqueue.JobFailed):
             job.result(timeout=60)
         assert wait_gone(pids) == []
     assert job.refresh().status is nbqueue.State.DEAD
-    assert job.error is not None and "timed out after 8 s" in job.error
+    assert job.error is not None and "timed out after 15 s" in job.error
     kept = job.notebook()  # as far as it ran: the parameters, then the cell that hung
     assert kept is not None and kept.cells[0].execution_count is not None
 

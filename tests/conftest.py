@@ -37,6 +37,30 @@ def _isolated_registry() -> Iterator[None]:
     tasks.restore(saved)
 
 
+# Tests whose first use in a process costs seconds of imports (IPython and ipywidgets, the
+# openai and anthropic SDKs) run in one test process each under `pytest -n N` (make test-fast),
+# so that one process pays instead of every one. (pytest-xdist's own `--dist loadgroup` groups
+# nothing under pytest 9.2: it renames test ids, which pytest 9.2 no longer reads.)
+HEAVY_IMPORTS = {
+    "tests/jupyter/": "ipython",
+    "tests/test_client_errors.py": "client-libraries",
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") != "load":
+        return None  # a --dist the caller chose
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HeavyImportsTogether(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's load scheduling, one test per unit, but each group of HEAVY_IMPORTS one unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return next((group for path, group in HEAVY_IMPORTS.items() if nodeid.startswith(path)), nodeid)
+
+    return HeavyImportsTogether(config, log)
+
+
 PG_SERVER = os.environ.get("NBQUEUE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 

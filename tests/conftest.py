@@ -37,12 +37,13 @@ def _isolated_registry() -> Iterator[None]:
     tasks.restore(saved)
 
 
-# Tests whose first use in a process costs seconds of imports (IPython and ipywidgets, the
-# openai and anthropic SDKs) run in one test process each under `pytest -n N` (make test-fast),
+# Tests whose first use in a process costs seconds of imports (IPython and ipywidgets, nbformat,
+# the openai and anthropic SDKs) run in one test process each under `pytest -n N` (make test-fast),
 # so that one process pays instead of every one. (pytest-xdist's own `--dist loadgroup` groups
 # nothing under pytest 9.2: it renames test ids, which pytest 9.2 no longer reads.)
 HEAVY_IMPORTS = {
     "tests/jupyter/": "ipython",
+    "tests/test_notebook_jobs.py": "ipython",  # nbformat, which the magics' tests import too
     "tests/test_client_errors.py": "client-libraries",
 }
 

@@ -7,6 +7,7 @@ parametrise `queue_target` and run the same contract tests.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import threading
 import uuid
@@ -21,6 +22,12 @@ from nbqueue import tasks
 from tests import templates
 
 MakeQueue = Callable[..., nbqueue.Queue]
+
+# nbformat imports jsonschema, whose optional IRI format check (rfc3987_syntax, installed here
+# with JupyterLab) compiles 38 grammars at import: ~2.5 s in every test process that touches a
+# notebook. Neither nbformat nor nbqueue checks formats, so test processes go without it
+# (jsonschema then leaves that check out); kernels and subprocesses are untouched.
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 # Signed jobs (nbqueue.signing) use a secret of the test run, never the developer's own;
 # child processes and kernels started by the tests inherit it.

@@ -106,6 +106,7 @@ class SchemaPool:
         self.free: list[str] = []
         self.made: set[str] = set()
         self._conn: Any = None
+        self.in_use_wait = 2.0  # seconds a connection of the test may take to leave the server
         first = self._new_name()
         nbqueue.Queue(self.url(first)).close()  # the reference: what a fresh migration makes
         conn = self._admin()
@@ -169,19 +170,20 @@ class SchemaPool:
         conn.commit()
         self.made.discard(schema)
 
-    @staticmethod
-    def _in_use(conn: Any, schema: str) -> bool:
+    def _in_use(self, conn: Any, schema: str) -> bool:
         """Whether a connection of nbqueue is on the schema a moment after the test closed its own
-        (a backend leaves pg_stat_activity shortly after its client has gone: up to 2 s on a
-        loaded machine, then the schema is dropped, never reused)."""
+        (a backend leaves pg_stat_activity shortly after its client has gone: in_use_wait s at
+        most, then the schema is dropped, never reused)."""
         app = f"nbqueue:{schema}"[:63]
-        for _ in range(200):
+        deadline = time.monotonic() + self.in_use_wait
+        while True:
             users = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,))
             if not users.fetchone()[0]:
                 return False
             conn.rollback()  # a new snapshot of pg_stat_activity
+            if time.monotonic() > deadline:
+                return True
             time.sleep(0.01)
-        return True
 
     def _recycle(self, conn: Any, schema: str) -> bool:
         """Delete every row the test left (in one transaction); False if the schema is not fit."""

@@ -216,6 +216,7 @@ CLOSER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a race, so 40 rounds of it in a process of its own: seconds
 def test_closing_a_queue_while_another_thread_reads_it_is_safe(queue_target: str) -> None:
     """A board's chart thread may be mid-query when the notebook closes the queue: closing
     another thread's connection under a running statement crashed the process (SIGSEGV)."""

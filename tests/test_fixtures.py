@@ -74,9 +74,11 @@ def test_a_postgres_schema_a_test_changed_or_still_uses_is_dropped(pg_schemas: t
     pg_schemas.give_back(changed)
     used = pg_schemas.take()
     leaked = nbqueue.Queue(pg_schemas.url(used))  # a queue the test never closed
+    pg_schemas.in_use_wait = 0.1  # it never leaves: no need to wait the usual 2 s for it
     try:
         pg_schemas.give_back(used)
     finally:
+        pg_schemas.in_use_wait = 2.0
         leaked.close()
     with psycopg.connect(pg_schemas.server) as conn:
         left = conn.execute(

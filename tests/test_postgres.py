@@ -229,6 +229,7 @@ def test_import_without_psycopg_works_and_a_url_names_the_extra(pg_url: str, tmp
     assert "pip install 'nbqueue[postgres]'" in done.stdout
 
 
+@pytest.mark.slow  # 150 real connections: seconds of the server's time
 def test_a_connection_made_by_a_thread_closes_when_the_thread_ends(pg_url: str) -> None:
     """150 short-lived threads each enqueue once: more than the server's 100 slots would allow if
     each thread kept its connection, and the server holds no more than a few for this queue."""

@@ -34,8 +34,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from ..options import held_keys
-from . import ClaimRequest, Completion, Decide, Filter, Inserted, NewJob, Row, cascade, claim_order
+from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order
 from . import postgres_queries as sql
 from .sql import SqlStorage
 from .statements import Params, Tx
@@ -411,57 +410,6 @@ class PostgresStorage(SqlStorage):
                 return [(int(held[0]), False, None)]
         raise StorageError(f"{self._where}: the key kept changing hands")
 
-    def _claim_params(self, request: ClaimRequest) -> Params:
-        where, worker_id, lease_us, host, pid = request
-        params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "token": _token()}
-        return {**params, "host": host, "pid": pid}
-
-    def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
-        if request.where.matches_nothing:
-            return None
-        statement = sql.CLAIM_FROM_ANY_QUEUE if request.where.queues is None else sql.CLAIM_FROM_QUEUES
-        return self._one(statement, {**self._claim_params(request), "now": now}, lost=sql.CLAIMED)
-
-    def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
-        if request.where.matches_nothing:
-            return None
-        params = {**self._claim_params(request), "now": now}
-        statement = sql.HEADS_IN_ANY_QUEUE if request.where.queues is None else sql.HEADS_IN_QUEUES
-
-        def work(cur: psycopg.Cursor[Any]) -> Row | None:
-            cur.execute(statement, params)  # type: ignore[arg-type]
-            found = cur.fetchall()
-            if not found:
-                return None
-            moment = int(found[0][0])
-            heads = [(int(i), held) for _, i, held in found]
-            keys = sorted({key for _, held in heads for key in held_keys(held)})
-            states: list[Row] = []
-            running: list[Row] = []
-            if keys:  # locked: claims weighing one key take turns; what runs is read after the lock
-                cur.execute(sql.LOCK_KEYS, {"keys": keys})
-                states = cur.fetchall()
-                cur.execute(sql.IN_FLIGHT, {"keys": keys})
-                running = cur.fetchall()
-            while heads:
-                choice = decide(heads, states, running, moment)
-                if choice is None:
-                    return None
-                chosen, tats = choice
-                cur.execute(sql.TAKE_ID, {**params, "chosen": chosen})  # type: ignore[arg-type]
-                row: Row | None = cur.fetchone()
-                if row is not None:
-                    for key, tat in tats.items():
-                        cur.execute(sql.SQL.SET_TAT, {"key": key, "tat": tat})
-                    return row
-                heads = [head for head in heads if head[0] != chosen]  # another claim took it
-            return None
-
-        def committed() -> Row | None:
-            return self._one(sql.CLAIMED, params)
-
-        return self._run(work, transaction=True, committed=committed)
-
     def _complete(self, done: Completion, now: int | None) -> bool:
         """One success: one statement, or a transaction if the job has children."""
         params: Params = {
@@ -503,7 +451,7 @@ class PostgresStorage(SqlStorage):
             return {int(i) for i in rows[0][0]}, sorted(taken, key=claim_order)
 
         def committed() -> tuple[set[int], list[Row]] | None:
-            taken = sorted(self._rows(sql.CLAIMED, params), key=claim_order)
+            taken = sorted(self._rows(sql.SQL.CLAIMED, params), key=claim_order)
             finished = {int(r[0]) for r in self._rows(sql.COMPLETED_MANY, each)} if done else set()
             return (finished, taken) if taken or finished else None  # neither: it did not commit
 

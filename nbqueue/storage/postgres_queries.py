@@ -426,7 +426,6 @@ INSERT = (
     "woke AS (SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT 1 FROM ins)) "
     "SELECT id, created_at FROM ins, (SELECT count(*) FROM woke) w ORDER BY id"
 )
-CLAIMED = f"{SELECT_JOBS} WHERE status = 'running' AND claim_token = %(token)s"
 COMPLETED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'completed'"
 _FORGET_GONE = (
     "steps AS (DELETE FROM nbqueue_steps WHERE job_id IN (SELECT id FROM gone)), "
@@ -503,5 +502,12 @@ SQL = build(
         LIMITED_WAITING_IN_ANY_QUEUE=_limited_waiting(EVERY_WAITING_QUEUE),
         NEXT_DUE_IN_QUEUES=_next_due(NAMED_QUEUES),
         NEXT_DUE_IN_ANY_QUEUE=_next_due(EVERY_WAITING_QUEUE),
+        CLAIM_FROM_QUEUES=CLAIM_FROM_QUEUES,
+        CLAIM_FROM_ANY_QUEUE=CLAIM_FROM_ANY_QUEUE,
+        HEADS_IN_QUEUES=HEADS_IN_QUEUES,
+        HEADS_IN_ANY_QUEUE=HEADS_IN_ANY_QUEUE,
+        LOCK_KEYS=LOCK_KEYS,
+        IN_FLIGHT=IN_FLIGHT,
+        TAKE_ID=TAKE_ID,
     ),
 )

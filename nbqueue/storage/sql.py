@@ -20,7 +20,8 @@ from typing import TypeVar
 from ..clock import to_us
 from ..errors import StorageError
 from ..jobs import State
-from . import Filter, NewJob, Row, StepRecord, StoredSchedule, cascade
+from ..options import held_keys
+from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, StoredSchedule, cascade
 from .statements import Params, Statements, Tx
 
 T = TypeVar("T")
@@ -72,6 +73,59 @@ class SqlStorage:
     def _clock(self, now: int | None) -> int | None:
         """The time a write stamps: the caller's; else the server's (None) or this machine's."""
         return now if now is not None or self.server_clock else to_us(time.time())
+
+    # -- claims -------------------------------------------------------------------
+
+    def _claim_params(self, request: ClaimRequest) -> Params:
+        where, worker_id, lease_us, host, pid = request
+        params = {**self._filter(where), "worker": worker_id, "lease": lease_us, "host": host, "pid": pid}
+        return {**params, "token": self._token()}
+
+    def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
+        if request.where.matches_nothing:
+            return None
+        sql = self.sql
+        statement = sql.CLAIM_FROM_ANY_QUEUE if request.where.queues is None else sql.CLAIM_FROM_QUEUES
+        rows = self._change(statement, {**self._claim_params(request), "now": self._clock(now)}, sql.CLAIMED)
+        return rows[0] if rows else None
+
+    def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
+        if request.where.matches_nothing:
+            return None
+        sql = self.sql
+        params = {**self._claim_params(request), "now": self._clock(now)}
+        statement = sql.HEADS_IN_ANY_QUEUE if request.where.queues is None else sql.HEADS_IN_QUEUES
+
+        def work(tx: Tx) -> Row | None:
+            found = tx(statement, params)
+            if not found:
+                return None
+            moment = int(found[0][0])
+            heads = [(int(i), held) for _, i, held in found]
+            keys = sorted({key for _, held in heads for key in held_keys(held)})
+            states: list[Row] = []
+            running: list[Row] = []
+            if keys:  # locked: claims weighing one key take turns; what runs is read after the lock
+                states = tx(sql.LOCK_KEYS, {"keys": keys})
+                running = tx(sql.IN_FLIGHT, {"keys": keys})
+            while heads:
+                choice = decide(heads, states, running, moment)
+                if choice is None:
+                    return None
+                chosen, tats = choice
+                taken = tx(sql.TAKE_ID, {**params, "chosen": chosen})
+                if taken:
+                    for key, tat in tats.items():
+                        tx(sql.SET_TAT, {"key": key, "tat": tat})
+                    return taken[0]
+                heads = [head for head in heads if head[0] != chosen]  # another claim took it
+            return None
+
+        def committed() -> Row | None:
+            rows = self._read(sql.CLAIMED, params)
+            return rows[0] if rows else None
+
+        return self._transaction(work, committed)
 
     # -- jobs that wait for others, workflows, steps and files ---------------------
 

@@ -36,9 +36,8 @@ from ..errors import (
     SchemaTooNew,
     StorageError,
 )
-from ..jobs import State
-from ..options import held_keys
-from . import ClaimRequest, Completion, Decide, Filter, Inserted, NewJob, Row, cascade, claim_order
+from ..jobs import COLUMNS, State
+from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order
 from . import sqlite_queries as sql
 from .sql import SqlStorage
 from .statements import NEW_COLUMNS, Params, Tx
@@ -374,36 +373,6 @@ class SQLiteStorage(SqlStorage):
         self.notify()
         return ids
 
-    def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
-        now = _stamp(now)
-        return self._write(lambda conn: _claim(conn, request, now))
-
-    def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
-        now = _stamp(now)
-        where, worker_id, lease_us, host, pid = request
-        if where.matches_nothing:
-            return None
-        statement = sql.HEADS_IN_ANY_QUEUE if where.queues is None else sql.HEADS_IN_QUEUES
-
-        def work(conn: sqlite3.Connection) -> Row | None:  # BEGIN IMMEDIATE: the keys are ours
-            heads = conn.execute(statement, {**_filter_params(where), "now": now}).fetchall()
-            keys = _ids(sorted({key for _, held in heads for key in held_keys(held)}))
-            states = conn.execute(sql.LIMIT_STATES, {"keys": keys}).fetchall() if keys else []
-            running = conn.execute(sql.IN_FLIGHT, {"keys": keys}).fetchall() if keys else []
-            choice = decide([(int(i), held) for i, held in heads], states, running, now)
-            if choice is None:
-                return None
-            job_id, tats = choice
-            row: Row | None = conn.execute(
-                sql.TAKE_ID,
-                {"id": job_id, "worker": worker_id, "lease": lease_us, "now": now, "host": host, "pid": pid},
-            ).fetchone()
-            for key, tat in tats.items():
-                conn.execute(sql.SQL.SET_TAT, {"key": key, "tat": tat})
-            return row
-
-        return self._write(work)
-
     def finish_batch(
         self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, now: int | None
     ) -> tuple[list[bool], list[Row]]:
@@ -413,10 +382,14 @@ class SQLiteStorage(SqlStorage):
         def work(conn: sqlite3.Connection) -> tuple[list[bool], list[Row]]:
             flags = _complete_all(conn, done, now, linked)
             # The next claims ride in the same commit.
-            first = None if then_claim is None or not claims else _claim(conn, then_claim, now)
-            if first is None or then_claim is None:
+            if then_claim is None or not claims or then_claim.where.matches_nothing:
                 return flags, []
-            return flags, [first, *_claim_more(conn, then_claim, now, first, claims - 1)]
+            where, params = then_claim.where, {**self._claim_params(then_claim), "now": now}
+            first = _claim(conn, where, params)
+            return flags, [] if first is None else [
+                first,
+                *_claim_more(conn, where, params, first, claims - 1),
+            ]
 
         outcome = self._write(work)
         if linked:  # children they let go may be due now
@@ -535,40 +508,30 @@ def _complete_all(
     return [d.job_id in finished for d in done]
 
 
-def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Row | None:
+def _claim(conn: sqlite3.Connection, where: Filter, params: Params) -> Row | None:
     """Claim inside the caller's BEGIN IMMEDIATE: one UPDATE ... WHERE id = (best) RETURNING."""
-    where, worker_id, lease_us, host, pid = request
-    if where.matches_nothing:
-        return None
     statement = sql.CLAIM_FROM_ANY_QUEUE if where.queues is None else sql.CLAIM_FROM_QUEUES
-    params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "now": now}
-    params.update(host=host, pid=pid)
     row: Row | None = conn.execute(statement, params).fetchone()
     return row
 
 
-def _claim_more(
-    conn: sqlite3.Connection, request: ClaimRequest, now: int, first: Row, more: int
-) -> list[Row]:
+def _claim_more(conn: sqlite3.Connection, where: Filter, params: Params, first: Row, more: int) -> list[Row]:
     """Up to `more` further claims after `first`, in claim order: in one statement when no other
     queue the request may take from holds claimable jobs (the usual case, one queue), so that
     order within `first`'s queue is the order overall; otherwise one claim at a time."""
     if more <= 0:
         return []
-    where, worker_id, lease_us, host, pid = request
-    queue = first[2]
+    queue = first[COLUMNS.index("queue")]
     alone = (
         list(where.queues) == [queue]
         if where.queues is not None
         else not conn.execute(sql.OTHER_QUEUE_WAITING, {"queue": queue}).fetchone()[0]
     )
     if alone:
-        params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "now": now}
-        params.update(host=host, pid=pid, queue=queue, claims=more)
-        rows = conn.execute(sql.CLAIM_MORE_IN_QUEUE, params).fetchall()
+        rows = conn.execute(sql.CLAIM_MORE_IN_QUEUE, {**params, "queue": queue, "claims": more}).fetchall()
         return sorted(rows, key=claim_order)  # RETURNING comes in no order
     taken: list[Row] = []
-    while len(taken) < more and (row := _claim(conn, request, now)) is not None:
+    while len(taken) < more and (row := _claim(conn, where, params)) is not None:
         taken.append(row)
     return taken
 

@@ -322,8 +322,8 @@ def _heads(waiting: str) -> str:
         f"WITH RECURSIVE {waiting}, {pairs}, heads(id) AS (SELECT (SELECT id FROM {CLAIM_AS_J} "
         f"WHERE {CLAIMABLE_SQL} AND j.queue = pairs.queue AND j.gate = pairs.gate AND run_at <= :now "
         f"AND {TASK_ALLOWED} ORDER BY {CLAIM_ORDER} LIMIT 1) FROM pairs WHERE gate IS NOT NULL) "
-        f"SELECT id, limits FROM nbqueue_jobs WHERE id IN (SELECT id FROM heads) ORDER BY {CLAIM_ORDER} "
-        f"LIMIT {HEADS}"
+        f"SELECT :now, id, limits FROM nbqueue_jobs WHERE id IN (SELECT id FROM heads) "
+        f"ORDER BY {CLAIM_ORDER} LIMIT {HEADS}"
     )
 
 
@@ -347,7 +347,7 @@ CLAIM_FROM_QUEUES = _claim(NAMED_QUEUES)
 CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
 HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
 HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
-TAKE_ID = f"{TAKE} WHERE id = :id AND {CLAIMABLE_SQL} {RETURNING_JOB}"
+TAKE_ID = f"{TAKE} WHERE id = :chosen AND {CLAIMABLE_SQL} {RETURNING_JOB}"
 # A batch's further claims from one queue, when no other queue holds claimable jobs (two seeks
 # of the claim index tell): that queue's next jobs in claim order are the next ones overall.
 OTHER_QUEUE_WAITING = (
@@ -363,9 +363,8 @@ CLAIM_MORE_IN_QUEUE = (
 # -- limits --------------------------------------------------------------------------------
 
 KEYS = "(SELECT value FROM json_each(:keys))"
-LIMIT_STATES = (
-    f"SELECT key, concurrency, rate, burst, tat, paused_until FROM nbqueue_limits WHERE key IN {KEYS}"
-)
+# (Not locked: BEGIN IMMEDIATE already holds every write.)
+LOCK_KEYS = f"SELECT key, concurrency, rate, burst, tat, paused_until FROM nbqueue_limits WHERE key IN {KEYS}"
 # Units of each key that running jobs hold, counted from the jobs themselves (a crashed
 # worker's units come back with its lease): only the running jobs are read.
 IN_FLIGHT = (
@@ -461,5 +460,12 @@ SQL = build(
         LIMITED_WAITING_IN_ANY_QUEUE=_limited_waiting(EVERY_WAITING_QUEUE),
         NEXT_DUE_IN_QUEUES=_next_due(NAMED_QUEUES),
         NEXT_DUE_IN_ANY_QUEUE=_next_due(EVERY_WAITING_QUEUE),
+        CLAIM_FROM_QUEUES=CLAIM_FROM_QUEUES,
+        CLAIM_FROM_ANY_QUEUE=CLAIM_FROM_ANY_QUEUE,
+        HEADS_IN_QUEUES=HEADS_IN_QUEUES,
+        HEADS_IN_ANY_QUEUE=HEADS_IN_ANY_QUEUE,
+        LOCK_KEYS=LOCK_KEYS,
+        IN_FLIGHT=IN_FLIGHT,
+        TAKE_ID=TAKE_ID,
     ),
 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..jobs import COLUMNS, UNFINISHED, State
@@ -103,11 +103,22 @@ class Written:
     LIMITED_WAITING_IN_ANY_QUEUE: str
     NEXT_DUE_IN_QUEUES: str
     NEXT_DUE_IN_ANY_QUEUE: str
+    # Claims: the best due job (one statement); under limits, the best due job of each (queue,
+    # set of keys) with the time, the keys' states (locked), the units running jobs hold, and
+    # the chosen job taken (if it is still claimable: none where another claim took it first).
+    CLAIM_FROM_QUEUES: str
+    CLAIM_FROM_ANY_QUEUE: str
+    HEADS_IN_QUEUES: str
+    HEADS_IN_ANY_QUEUE: str
+    LOCK_KEYS: str
+    IN_FLIGHT: str
+    TAKE_ID: str
 
 
 @dataclass(frozen=True, slots=True)
-class Statements:
-    """Every statement the shared storage runs, in one dialect."""
+class Statements(Written):
+    """Every statement the shared storage runs, in one dialect: those its dialect writes in its
+    own words (Written, rendered) and those written once, below."""
 
     dialect: Dialect
     # jobs read
@@ -119,12 +130,6 @@ class Statements:
     ROWS: dict[tuple[bool, bool, bool], str]  # (by status, by queue, brief) -> statement
     TASK_NAMES: str
     PENDING_PER_TASK: str
-    COUNTS: str
-    QUEUES: str
-    NEXT_DUE_IN_QUEUES: str
-    NEXT_DUE_IN_ANY_QUEUE: str
-    LIMITED_WAITING_IN_QUEUES: str
-    LIMITED_WAITING_IN_ANY_QUEUE: str
     # a claim's outcome
     HEARTBEAT: str
     FAIL: str
@@ -206,6 +211,7 @@ class Statements:
     # After a lost reply (PostgreSQL): did the write commit? Each reads back what its write
     # leaves behind, with the same parameters; a first value that is true means it did.
     INSERTED: str
+    CLAIMED: str
     FAILED: str
     SNOOZED: str
     RELEASED: str
@@ -273,7 +279,9 @@ def build(d: Dialect, w: Written) -> Statements:
     }
     page = "ORDER BY id DESC LIMIT :limit OFFSET :offset"
     attempt_of = "SELECT 1 FROM nbqueue_jobs WHERE id = :id AND attempts = :attempt AND status"
+    own: dict[str, Any] = {f.name: r(getattr(w, f.name)) for f in fields(Written)}
     return Statements(
+        **own,
         dialect=d,
         GET=r(f"{select} WHERE id = :id"),
         GET_MANY=r(f"{select} WHERE id IN [:ids::bigint]"),
@@ -302,12 +310,6 @@ def build(d: Dialect, w: Written) -> Statements:
             "AND (signature IS NOT NULL OR NOT :signed) ORDER BY task"
         ),
         PENDING_PER_TASK=PENDING_PER_TASK,
-        COUNTS=r(w.COUNTS),
-        QUEUES=r(w.QUEUES),
-        NEXT_DUE_IN_QUEUES=r(w.NEXT_DUE_IN_QUEUES),
-        NEXT_DUE_IN_ANY_QUEUE=r(w.NEXT_DUE_IN_ANY_QUEUE),
-        LIMITED_WAITING_IN_QUEUES=r(w.LIMITED_WAITING_IN_QUEUES),
-        LIMITED_WAITING_IN_ANY_QUEUE=r(w.LIMITED_WAITING_IN_ANY_QUEUE),
         HEARTBEAT=r(
             f"UPDATE nbqueue_jobs SET lease_until = {now} + coalesce(:lease::bigint, lease_us), updated_at = "
             f"{now} "
@@ -363,8 +365,6 @@ def build(d: Dialect, w: Written) -> Statements:
             f"{requeue} WHERE id IN [:ids::bigint] AND {REPLAYABLE_SQL} AND {key_is_free(chosen)} "
             f"RETURNING id{d.wake}"
         ),
-        DELETE=r(w.DELETE),
-        PURGE=r(w.PURGE),
         SIGN=r(
             "UPDATE nbqueue_jobs SET signature = :signature WHERE id = :id AND payload = :payload "
             f"AND signature {d.same} :old::text RETURNING 1"
@@ -419,7 +419,6 @@ def build(d: Dialect, w: Written) -> Statements:
         FORGET_SLOT=r(
             "DELETE FROM nbqueue_periodic WHERE name = 'schedule:' || :name"
         ),  # manager.STORED_PREFIX
-        DEFINE_LIMIT=r(w.DEFINE_LIMIT),
         # A pause until a time (pause) or for a while from now (snooze); a later pause already there is kept.
         PAUSE=r(
             "INSERT INTO nbqueue_limits (key, paused_until, paused_why, updated_at) "
@@ -434,8 +433,6 @@ def build(d: Dialect, w: Written) -> Statements:
             "WHERE key = :key RETURNING 1"
         ),
         SET_TAT=r("UPDATE nbqueue_limits SET tat = :tat WHERE key = :key"),
-        LIMITS=r(w.LIMITS),
-        WAITING_PER_KEY=r(w.WAITING_PER_KEY),
         HELD_KEY=r(f"SELECT id FROM nbqueue_jobs WHERE key = :key AND {UNFINISHED_SQL}"),
         LINK_PARENTS=r(
             "UPDATE nbqueue_jobs SET has_children = 1 WHERE id IN [:ids::bigint] RETURNING id, status, "
@@ -563,6 +560,7 @@ def build(d: Dialect, w: Written) -> Statements:
         FILE_NAMES=r(
             "SELECT job_id, name FROM nbqueue_files WHERE job_id IN [:ids::bigint] ORDER BY job_id, name"
         ),
+        CLAIMED=r(f"{select} WHERE status = 'running' AND claim_token = :token"),
         INSERTED=r("SELECT id, created_at FROM nbqueue_jobs WHERE enqueue_token = :token ORDER BY id"),
         FAILED=r(f"{attempt_of} = :status"),
         SNOOZED=r(f"{attempt_of} = 'pending'"),

@@ -386,10 +386,8 @@ class SQLiteStorage(SqlStorage):
                 return flags, []
             where, params = then_claim.where, {**self._claim_params(then_claim), "now": now}
             first = _claim(conn, where, params)
-            return flags, [] if first is None else [
-                first,
-                *_claim_more(conn, where, params, first, claims - 1),
-            ]
+            more = [] if first is None else _claim_more(conn, where, params, first, claims - 1)
+            return flags, [] if first is None else [first, *more]
 
         outcome = self._write(work)
         if linked:  # children they let go may be due now
@@ -402,11 +400,13 @@ class SQLiteStorage(SqlStorage):
     def purge(
         self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
     ) -> int:
-        params: Params = {
+        age = older_than_us - (0 if older_than_us else 1)  # age 0: everything so far
+        params = {
             "now": _stamp(now),
-            "age": older_than_us - (0 if older_than_us else 1),
-        }  # 0: everything
-        params |= {"statuses": _ids([s.value for s in statuses]), "limit": limit}
+            "age": age,
+            "statuses": _ids([s.value for s in statuses]),
+            "limit": limit,
+        }
         return self._write(lambda conn: conn.execute(sql.SQL.PURGE, params).rowcount)
 
     def tidy(self) -> None:

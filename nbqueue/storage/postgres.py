@@ -498,19 +498,8 @@ class PostgresStorage(SqlStorage):
 
         return self._run(work, transaction=True, committed=committed)
 
-    def delete(self, job_ids: Sequence[int]) -> int:
-        return len(self._rows(sql.SQL.DELETE, {"ids": list(job_ids)}))
-
-    def purge(
-        self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
-    ) -> int:
-        params = {
-            "now": now,
-            "age": older_than_us - (0 if older_than_us else 1),  # age 0: everything so far
-            "statuses": [s.value for s in statuses],
-            "limit": limit,
-        }
-        row = self._one(sql.SQL.PURGE, params)
+    def _deleted(self, statement: str, params: Params) -> int:
+        row = self._one(statement, self._bind(params))
         return int(row[0]) if row else 0
 
     def tidy(self) -> None:

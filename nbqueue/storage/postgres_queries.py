@@ -436,7 +436,7 @@ _FORGET_GONE = (
 )
 _DELETE = (
     "WITH gone AS (DELETE FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) "
-    f"AND {FINISHED_SQL} AND NOT {PARENT_NEEDED} RETURNING id), {_FORGET_GONE} SELECT id FROM gone"
+    f"AND {FINISHED_SQL} AND NOT {PARENT_NEEDED} RETURNING id), {_FORGET_GONE} SELECT count(*) FROM gone"
 )
 _PURGE = (
     "WITH gone AS (DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs "

@@ -61,6 +61,10 @@ class SqlStorage:
         """Text as this database can store it."""
         return text
 
+    def _deleted(self, statement: str, params: Params) -> int:
+        """One DELETE (atomic); how many jobs it deleted."""
+        raise NotImplementedError
+
     def _wake_here(self) -> None:
         """After a write that may make work due, when the database does not wake waiters itself."""
 
@@ -470,6 +474,16 @@ class SqlStorage:
     def _insert_in(self, tx: Tx, job: NewJob, now: int | None) -> None:
         """Enqueue one job inside an open transaction."""
         raise NotImplementedError
+
+    def delete(self, job_ids: Sequence[int]) -> int:
+        return self._deleted(self.sql.DELETE, {"ids": list(job_ids)})
+
+    def purge(
+        self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
+    ) -> int:
+        age = older_than_us - (0 if older_than_us else 1)  # age 0: everything so far
+        params = {"now": self._clock(now), "age": age, "statuses": [s.value for s in statuses]}
+        return self._deleted(self.sql.PURGE, {**params, "limit": limit})
 
     # -- reading ------------------------------------------------------------------
 

@@ -394,20 +394,8 @@ class SQLiteStorage(SqlStorage):
             self.notify()
         return outcome
 
-    def delete(self, job_ids: Sequence[int]) -> int:
-        return self._write(lambda conn: conn.execute(sql.SQL.DELETE, {"ids": _ids(job_ids)}).rowcount)
-
-    def purge(
-        self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
-    ) -> int:
-        age = older_than_us - (0 if older_than_us else 1)  # age 0: everything so far
-        params = {
-            "now": _stamp(now),
-            "age": age,
-            "statuses": _ids([s.value for s in statuses]),
-            "limit": limit,
-        }
-        return self._write(lambda conn: conn.execute(sql.SQL.PURGE, params).rowcount)
+    def _deleted(self, statement: str, params: Params) -> int:
+        return self._write(lambda conn: conn.execute(statement, _bind(params)).rowcount)
 
     def tidy(self) -> None:
         """Nothing to do: the counts table is kept exact by triggers."""

@@ -15,7 +15,7 @@ from ..dependencies import Change, When, after_parent, initial
 from ..errors import FamilyTooLarge, InvalidTransition, JobNotFound
 from ..jobs import State
 from . import NewJob
-from .statements import Tx
+from .statements import NEW_COLUMNS, Tx
 
 Finished = tuple[int, State, int | None]  # a job that just finished: id, state, root cause
 
@@ -195,21 +195,9 @@ def link(tx: Tx, new: NewJob, now: int | None, token: int | None = None) -> tupl
     change = initial(rule, [(int(i), State(s), r) for i, s, r in found])
     states = {int(i): State(s) for i, s, _ in found}
     params = {
+        **{name: getattr(new, name) for name in (*NEW_COLUMNS, "run_at_us", "delay_us")},
         "status": change.state.value,
-        "queue": new.queue,
-        "task": new.task,
-        "payload": new.payload,
-        "priority": new.priority,
-        "key": new.key,
-        "max_retries": new.max_retries,
-        "run_at_us": new.run_at_us,
-        "delay_us": new.delay_us,
         "now": now,
-        "timeout": new.timeout,
-        "backoff": new.backoff,
-        "signature": new.signature,
-        "limits": new.limits,
-        "gate": new.gate,
         "left": change.left,
         "wait_when": rule.value if parents else None,
         "root": change.root,

@@ -527,7 +527,8 @@ class JobManager:
         else:
             if failure.note:
                 text = f"{failure.note}\n{text}"
-            done = self.storage.fail(job.id, job.attempts, text, output, failure.state, failure.delay_us, now)
+            args = (job.id, job.attempts, text, output, failure.state, failure.delay_us, now)
+            done = self.storage.fail(*args, failed_as=policy.failed_as(text))
         if not done:
             raise self._lease_lost(job, "fail")
         return failure.verdict
@@ -588,9 +589,8 @@ class JobManager:
                 continue
             failure = policy.after_failure(job, self.backoff)
             why = policy.worker_gone(pid, HOST)
-            if self.storage.fail(
-                job.id, job.attempts, why, job.output, failure.state, failure.delay_us, self.stamp()
-            ):
+            args = (job.id, job.attempts, why, job.output, failure.state, failure.delay_us, self.stamp())
+            if self.storage.fail(*args, failed_as="lost"):
                 log.warning("job %d recovered: %s", job.id, why)
                 recovered.append((job, failure.verdict))
         return recovered

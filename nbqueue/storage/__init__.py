@@ -283,10 +283,13 @@ class Storage(Protocol):
         delay_us: int,
         now: int | None,
         expired: bool = False,
+        failed_as: str | None = None,
     ) -> bool:
         """Running -> `status` (failed, due after delay_us; or dead) under the live lease.
 
-        With `expired`, the lease must have run out instead (recovery).
+        With `expired`, the lease must have run out instead (recovery), and the attempt is
+        recorded as lost. `failed_as` ("lost", "timeout") is how the attempt is recorded when
+        it says more than `status` (stored as a value, schema version 11).
         """
         ...
 

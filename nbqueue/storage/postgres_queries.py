@@ -16,6 +16,7 @@ from .rules import (
     ANY_STATE_SQL,
     ATTEMPT_ERROR_SQL,
     ATTEMPT_OUTCOME_SQL,
+    ATTEMPT_OUTCOME_V11_SQL,
     BRIEF_ERROR,
     CLAIM_ORDER,
     CLAIMABLE_SQL,
@@ -28,7 +29,7 @@ from .rules import (
 )
 from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 SIGNED, NONCE = signed_run("new")
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
@@ -226,6 +227,23 @@ MIGRATIONS: dict[int, list[str]] = {
         "UPDATE {s}.nbqueue_jobs SET spawned_by = split_part(origin, ':', 1)::bigint "
         "WHERE origin IS NOT NULL",
         "CREATE INDEX nbqueue_spawned_by ON {s}.nbqueue_jobs (spawned_by) WHERE spawned_by IS NOT NULL",
+    ],
+    # An attempt's outcome stored as a value (the same meaning as SQLite's version 11).
+    11: [
+        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN failed_as TEXT",
+        f"""CREATE OR REPLACE FUNCTION {{s}}.nbqueue_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.status = 'running' THEN
+                INSERT INTO {{s}}.nbqueue_attempts (job_id, attempt, started_at, worker_id, host, pid)
+                    VALUES (NEW.id, NEW.attempts, NEW.started_at, NEW.worker_id, NEW.worker_host,
+                    NEW.worker_pid) ON CONFLICT (job_id, attempt) DO NOTHING;
+            ELSE
+                UPDATE {{s}}.nbqueue_attempts SET finished_at = NEW.updated_at,
+                    outcome = {ATTEMPT_OUTCOME_V11_SQL}, error = {ATTEMPT_ERROR_SQL}
+                    WHERE job_id = OLD.id AND attempt = OLD.attempts;
+            END IF;
+            RETURN NULL;
+        END $$""",
     ],
 }
 

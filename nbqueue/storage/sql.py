@@ -1,11 +1,13 @@
 """The SQL storage both backends share: every queue verb written once, over a few primitives.
 
 A backend (`sqlite.SQLiteStorage`, `postgres.PostgresStorage`) gives its statements
-(`storage.statements`, rendered in its dialect) and four primitives: `_read` one
-statement, `_change` one write statement, `_transaction` several in one, and `_bind`
-(its way of passing lists and the wake-up channel). It keeps for itself only what
-really differs: connections and transactions, claims (BEGIN IMMEDIATE on SQLite,
-SKIP LOCKED on PostgreSQL), enqueue, counts, deletes, waiting for work, migrations.
+(`storage.statements`, rendered in its dialect) and a few primitives: `_read` one
+statement, `_change` one write statement, `_transaction` several in one, `_deleted`,
+and `_filter` (binding lists and the wake-up channel is each backend's own). It keeps
+for itself only what really differs: connections and transactions, a worker's batch
+(complete and claim in one commit), enqueue, waiting for work, migrations; claims run
+here over the dialect's own claim statements (BEGIN IMMEDIATE on SQLite, SKIP LOCKED on
+PostgreSQL).
 
 PostgreSQL can lose a reply after its write committed: a write passes `lost`, the
 statement that reads back whether it did (its first value true); SQLite never needs it.
@@ -315,9 +317,11 @@ class SqlStorage:
         delay_us: int,
         now: int | None,
         expired: bool = False,
+        failed_as: str | None = None,
     ) -> bool:
         sql = self.sql
         params: Params = {"id": job_id, "attempt": attempt, "status": status.value, "delay": delay_us}
+        params["failed_as"] = "lost" if expired else failed_as
         params |= {"error": self._text(error), "output": self._text(output), "now": self._clock(now)}
         params["wake"] = status is State.FAILED
         # One statement, unless the job is dead and has children: they are resolved in its transaction.

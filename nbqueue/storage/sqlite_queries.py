@@ -13,6 +13,7 @@ from .rules import (
     ANY_STATE_SQL,
     ATTEMPT_ERROR_SQL,
     ATTEMPT_OUTCOME_SQL,
+    ATTEMPT_OUTCOME_V11_SQL,
     BRIEF_ERROR,
     CLAIM_ORDER,
     CLAIMABLE_SQL,
@@ -24,7 +25,7 @@ from .rules import (
 )
 from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 # The job columns as of version 5, copied when version 6 rebuilds the table.
 COLS_V5 = (
@@ -266,6 +267,17 @@ MIGRATIONS: dict[int, str] = {
     UPDATE nbqueue_jobs SET spawned_by = CAST(substr(origin, 1, instr(origin, ':') - 1) AS INTEGER)
         WHERE origin IS NOT NULL;
     CREATE INDEX nbqueue_spawned_by ON nbqueue_jobs (spawned_by) WHERE spawned_by IS NOT NULL;
+    """,
+    # An attempt's outcome stored as a value: the write that fails a job says whether the attempt
+    # was lost or timed out (failed_as), instead of the trigger reading it from the error text.
+    11: f"""
+    ALTER TABLE nbqueue_jobs ADD COLUMN failed_as TEXT;
+    DROP TRIGGER nbqueue_attempt_end;
+    CREATE TRIGGER nbqueue_attempt_end AFTER UPDATE OF status ON nbqueue_jobs
+        WHEN old.status = 'running' AND new.status != 'running' BEGIN
+        UPDATE nbqueue_attempts SET finished_at = new.updated_at, outcome = {ATTEMPT_OUTCOME_V11_SQL},
+            error = {ATTEMPT_ERROR_SQL} WHERE job_id = old.id AND attempt = old.attempts;
+    END;
     """,
 }
 

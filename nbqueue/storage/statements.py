@@ -252,7 +252,8 @@ def build(d: Dialect, w: Written) -> Statements:
 
     def fail(lease_test: str, guard: str = "") -> str:
         return r(
-            "UPDATE nbqueue_jobs SET status = :status, error = :error, output = :output, "
+            "UPDATE nbqueue_jobs SET status = :status, error = :error, output = :output, failed_as = "
+            ":failed_as, "
             f"retries = retries + CASE WHEN {failed} THEN 1 ELSE 0 END, "  # a dead job used its retries
             f"run_at = CASE WHEN {failed} THEN {now} + :delay ELSE run_at END, "
             f"finished_at = CASE WHEN {failed} THEN NULL ELSE {now} END, updated_at = {now}, "
@@ -348,9 +349,9 @@ def build(d: Dialect, w: Written) -> Statements:
             f"progress_message = :message, updated_at = {now} WHERE {LIVE_CLAIM} RETURNING 1"
         ),
         BURY=r(
-            "UPDATE nbqueue_jobs SET status = 'dead', error = :error, lease_until = NULL, finished_at = "
-            f"{now}, "
-            f"updated_at = {now} WHERE id = :id AND status = 'running' RETURNING has_children"
+            "UPDATE nbqueue_jobs SET status = 'dead', error = :error, failed_as = NULL, lease_until = NULL, "
+            f"finished_at = {now}, updated_at = {now} WHERE id = :id AND status = 'running' RETURNING "
+            "has_children"
         ),
         CANCEL=r(
             f"UPDATE nbqueue_jobs SET status = 'cancelled', updated_at = {now}, lease_until = NULL, "

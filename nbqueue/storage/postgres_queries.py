@@ -35,6 +35,24 @@ SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
 
+
+def _attempt_function(create: str, outcome: str) -> str:
+    """The function that records every attempt (version 8; made again in 11 with its outcome)."""
+    return f"""{create} FUNCTION {{s}}.nbqueue_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.status = 'running' THEN
+                INSERT INTO {{s}}.nbqueue_attempts (job_id, attempt, started_at, worker_id, host, pid)
+                    VALUES (NEW.id, NEW.attempts, NEW.started_at, NEW.worker_id, NEW.worker_host,
+                    NEW.worker_pid) ON CONFLICT (job_id, attempt) DO NOTHING;
+            ELSE
+                UPDATE {{s}}.nbqueue_attempts SET finished_at = NEW.updated_at,
+                    outcome = {outcome}, error = {ATTEMPT_ERROR_SQL}
+                    WHERE job_id = OLD.id AND attempt = OLD.attempts;
+            END IF;
+            RETURN NULL;
+        END $$"""
+
+
 #: Each version's statements, run in order under an advisory lock. History: never edited.
 #: `{s}` is the schema (quoted), filled in once per migration, never in a queue verb.
 MIGRATIONS: dict[int, list[str]] = {
@@ -172,19 +190,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "outcome TEXT, error TEXT, PRIMARY KEY (job_id, attempt))",
         "CREATE INDEX nbqueue_attempts_finished ON {s}.nbqueue_attempts (finished_at) "
         "WHERE finished_at IS NOT NULL",
-        f"""CREATE FUNCTION {{s}}.nbqueue_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.status = 'running' THEN
-                INSERT INTO {{s}}.nbqueue_attempts (job_id, attempt, started_at, worker_id, host, pid)
-                    VALUES (NEW.id, NEW.attempts, NEW.started_at, NEW.worker_id, NEW.worker_host,
-                    NEW.worker_pid) ON CONFLICT (job_id, attempt) DO NOTHING;
-            ELSE
-                UPDATE {{s}}.nbqueue_attempts SET finished_at = NEW.updated_at,
-                    outcome = {ATTEMPT_OUTCOME_SQL}, error = {ATTEMPT_ERROR_SQL}
-                    WHERE job_id = OLD.id AND attempt = OLD.attempts;
-            END IF;
-            RETURN NULL;
-        END $$""",
+        _attempt_function("CREATE", ATTEMPT_OUTCOME_SQL),
         "CREATE TRIGGER nbqueue_attempt AFTER UPDATE OF status ON {s}.nbqueue_jobs FOR EACH ROW "
         "WHEN (OLD.status IS DISTINCT FROM NEW.status "
         "AND (OLD.status = 'running' OR NEW.status = 'running')) "
@@ -231,19 +237,7 @@ MIGRATIONS: dict[int, list[str]] = {
     # An attempt's outcome stored as a value (the same meaning as SQLite's version 11).
     11: [
         "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN failed_as TEXT",
-        f"""CREATE OR REPLACE FUNCTION {{s}}.nbqueue_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.status = 'running' THEN
-                INSERT INTO {{s}}.nbqueue_attempts (job_id, attempt, started_at, worker_id, host, pid)
-                    VALUES (NEW.id, NEW.attempts, NEW.started_at, NEW.worker_id, NEW.worker_host,
-                    NEW.worker_pid) ON CONFLICT (job_id, attempt) DO NOTHING;
-            ELSE
-                UPDATE {{s}}.nbqueue_attempts SET finished_at = NEW.updated_at,
-                    outcome = {ATTEMPT_OUTCOME_V11_SQL}, error = {ATTEMPT_ERROR_SQL}
-                    WHERE job_id = OLD.id AND attempt = OLD.attempts;
-            END IF;
-            RETURN NULL;
-        END $$""",
+        _attempt_function("CREATE OR REPLACE", ATTEMPT_OUTCOME_V11_SQL),
     ],
 }
 

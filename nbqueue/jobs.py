@@ -9,7 +9,7 @@ from collections.abc import Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .clock import from_us
 from .errors import DamagedJob, InvalidArgument, InvalidTransition
@@ -354,41 +354,45 @@ class Job:
         return f"<table><caption>nbqueue job {self.id}</caption>{body}</table>"
 
 
-#: The job columns every backend selects, in the order `from_row` reads them.
-COLUMNS = (
-    "id",
-    "status",
-    "queue",
-    "task",
-    "payload",
-    "priority",
-    "key",
-    "retries",
-    "max_retries",
-    "attempts",
-    "error",
-    "run_at",
-    "created_at",
-    "updated_at",
-    "started_at",
-    "finished_at",
-    "lease_until",
-    "worker_id",
-    "timeout",
-    "output",
-    "backoff",
-    "result",
-    "progress_done",
-    "progress_total",
-    "progress_message",
-    "signature",
-    "limits",
-    "snoozes",
-    "parents_left",
-    "wait_when",
-    "root_cause",
-    "workflow",
-)
+class JobRow(NamedTuple):
+    """A job as stored: the columns every backend selects, in this order, read by name."""
+
+    id: Any
+    status: Any
+    queue: Any
+    task: Any
+    payload: Any
+    priority: Any
+    key: Any
+    retries: Any
+    max_retries: Any
+    attempts: Any
+    error: Any
+    run_at: Any
+    created_at: Any
+    updated_at: Any
+    started_at: Any
+    finished_at: Any
+    lease_until: Any
+    worker_id: Any
+    timeout: Any
+    output: Any
+    backoff: Any
+    result: Any
+    progress_done: Any
+    progress_total: Any
+    progress_message: Any
+    signature: Any
+    limits: Any
+    snoozes: Any
+    parents_left: Any
+    wait_when: Any
+    root_cause: Any
+    workflow: Any
+
+
+#: The job columns, declared once (JobRow): the storage selects them, `from_row` reads them.
+COLUMNS = JobRow._fields
 
 
 def shown_task(task: str | None) -> str:
@@ -433,39 +437,40 @@ def from_row(row: Sequence[Any]) -> Job:
             never eval, and never a raw error from deep inside a decoder.
     """
     try:
+        r = row if isinstance(row, JobRow) else JobRow._make(row)
         return Job(
-            id=int(row[0]),
-            status=State(row[1]),
-            queue=str(row[2]),
-            task=None if row[3] is None else str(row[3]),
-            payload=json.loads(_required_text(row[4])),
-            priority=_integer(row[5]),
-            key=_text(row[6]),
-            retries=_integer(row[7]),
-            max_retries=_integer(row[8]),
-            attempts=_integer(row[9]),
-            error=_text(row[10]),
-            run_at=_time(row[11]),
-            created_at=_time(row[12]),
-            updated_at=_time(row[13]),
-            started_at=from_us(row[14]),
-            finished_at=from_us(row[15]),
-            lease_until=from_us(row[16]),
-            worker_id=_text(row[17]),
-            timeout=None if row[18] is None else float(row[18]),
-            output=_text(row[19]),
-            backoff=stored_backoff(row[20]) if row[20] else None,
-            result_json=_text(row[21]),
-            progress_done=row[22],
-            progress_total=row[23],
-            progress_message=_text(row[24]),
-            signature=_text(row[25]),
-            limits=stored_limits(row[26]),
-            snoozes=_integer(row[27]),
-            parents_left=_integer(row[28]),
-            when=_text(row[29]),
-            root_cause=row[30],
-            workflow=row[31],
+            id=int(r.id),
+            status=State(r.status),
+            queue=str(r.queue),
+            task=None if r.task is None else str(r.task),
+            payload=json.loads(_required_text(r.payload)),
+            priority=_integer(r.priority),
+            key=_text(r.key),
+            retries=_integer(r.retries),
+            max_retries=_integer(r.max_retries),
+            attempts=_integer(r.attempts),
+            error=_text(r.error),
+            run_at=_time(r.run_at),
+            created_at=_time(r.created_at),
+            updated_at=_time(r.updated_at),
+            started_at=from_us(r.started_at),
+            finished_at=from_us(r.finished_at),
+            lease_until=from_us(r.lease_until),
+            worker_id=_text(r.worker_id),
+            timeout=None if r.timeout is None else float(r.timeout),
+            output=_text(r.output),
+            backoff=stored_backoff(r.backoff) if r.backoff else None,
+            result_json=_text(r.result),
+            progress_done=r.progress_done,
+            progress_total=r.progress_total,
+            progress_message=_text(r.progress_message),
+            signature=_text(r.signature),
+            limits=stored_limits(r.limits),
+            snoozes=_integer(r.snoozes),
+            parents_left=_integer(r.parents_left),
+            when=_text(r.wait_when),
+            root_cause=r.root_cause,
+            workflow=r.workflow,
         )
     except Exception as exc:  # RecursionError, TypeError, ValueError, OverflowError ...: all damage
         name = type(exc).__name__
@@ -486,21 +491,22 @@ def listed(row: Sequence[Any]) -> Job:
     def moment(value: Any) -> datetime:
         return from_us(number(value)) or datetime.fromtimestamp(0, UTC)
 
+    r = JobRow._make(row)
     return Job(
-        id=number(row[0]),
-        status=State(row[1]),  # a CHECK constraint keeps this column sound
-        queue=str(row[2]),
-        task=None if row[3] is None else str(row[3]),
+        id=number(r.id),
+        status=State(r.status),  # a CHECK constraint keeps this column sound
+        queue=str(r.queue),
+        task=None if r.task is None else str(r.task),
         payload=None,
-        priority=number(row[5]),
-        key=None if row[6] is None else str(row[6]),
-        retries=number(row[7]),
-        max_retries=number(row[8]),
-        attempts=number(row[9]),
-        error=f"{damage}\n{row[10] or ''}".strip(),
-        run_at=moment(row[11]),
-        created_at=moment(row[12]),
-        updated_at=moment(row[13]),
+        priority=number(r.priority),
+        key=None if r.key is None else str(r.key),
+        retries=number(r.retries),
+        max_retries=number(r.max_retries),
+        attempts=number(r.attempts),
+        error=f"{damage}\n{r.error or ''}".strip(),
+        run_at=moment(r.run_at),
+        created_at=moment(r.created_at),
+        updated_at=moment(r.updated_at),
     )
 
 

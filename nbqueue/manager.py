@@ -41,6 +41,7 @@ from .jobs import (
     NOTEBOOK_TASK,
     UNFINISHED,
     Job,
+    JobRow,
     State,
     Verdict,
     check_claim,
@@ -186,11 +187,10 @@ class JobManager:
         if workflow is not None and workflow.owner is self:
             return workflow.add(plan)  # type: ignore[return-value]  # a Planned stands for the Job
         plan = self._with_origin(plan)
+        new = self._new_from_plan(plan, {}, None)  # encoded and signed before the write transaction
         if not plan.parents and plan.origin is None:
-            return self._insert_one(self._new_from_plan(plan, {}, None))
-        [(job_id, _)] = self.storage.insert_linked(
-            1, lambda _i, _ids, _wf: self._new_from_plan(plan, {}, None), None, self.stamp()
-        )
+            return self._insert_one(new)
+        [(job_id, _)] = self.storage.insert_linked(1, lambda _i, _ids, _wf: new, None, self.stamp())
         return self.get(job_id)
 
     def workflow(self, name: str) -> Workflow:
@@ -527,7 +527,8 @@ class JobManager:
         else:
             if failure.note:
                 text = f"{failure.note}\n{text}"
-            done = self.storage.fail(job.id, job.attempts, text, output, failure.state, failure.delay_us, now)
+            args = (job.id, job.attempts, text, output, failure.state, failure.delay_us, now)
+            done = self.storage.fail(*args, failed_as=policy.failed_as(text))
         if not done:
             raise self._lease_lost(job, "fail")
         return failure.verdict
@@ -588,9 +589,8 @@ class JobManager:
                 continue
             failure = policy.after_failure(job, self.backoff)
             why = policy.worker_gone(pid, HOST)
-            if self.storage.fail(
-                job.id, job.attempts, why, job.output, failure.state, failure.delay_us, self.stamp()
-            ):
+            args = (job.id, job.attempts, why, job.output, failure.state, failure.delay_us, self.stamp())
+            if self.storage.fail(*args, failed_as="lost"):
                 log.warning("job %d recovered: %s", job.id, why)
                 recovered.append((job, failure.verdict))
         return recovered
@@ -644,14 +644,14 @@ class JobManager:
         """The ids among these claims that are no longer running under that claim (cancelled, taken)."""
         if not jobs:
             return []
-        current = {int(row[0]): row for row in self.storage.get_many([j.id for j in jobs])}
-        status, attempts = 1, 9  # positions in jobs.COLUMNS
+        rows = [JobRow._make(row) for row in self.storage.get_many([j.id for j in jobs])]
+        current = {int(row.id): row for row in rows}
         return [
             j.id
             for j in jobs
             if j.id not in current
-            or current[j.id][status] != State.RUNNING.value
-            or current[j.id][attempts] != j.attempts
+            or current[j.id].status != State.RUNNING.value
+            or current[j.id].attempts != j.attempts
         ]
 
     def _lease_lost(self, job: Job, verb: str) -> LeaseLost:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from . import policy, signing
 from . import tasks as registry
-from .jobs import State
+from .jobs import COLUMNS, State
 
 Row = tuple[Any, ...]  # a job row in nbqueue.jobs.COLUMNS order, or a run (nonce, job_id, finished_at, mac)
 Runs = Callable[[Sequence[str]], dict[str, Row]]  # the storage's `runs`
@@ -28,8 +28,12 @@ Vouch = Callable[[str, int, str], bool]  # the storage's `vouch`
 
 # Positions in nbqueue.jobs.COLUMNS of what a signature covers, and of the rest read here.
 ID, STATUS, QUEUE, TASK, PAYLOAD, MAX_RETRIES, TIMEOUT, BACKOFF, RESULT, SIGNATURE, LIMITS = (
-    0, 1, 2, 3, 4, 8, 18, 20, 21, 25, 26,
-)  # fmt: skip
+    COLUMNS.index(name)
+    for name in (
+        *("id", "status", "queue", "task", "payload", "max_retries"),
+        *("timeout", "backoff", "result", "signature", "limits"),
+    )
+)
 
 
 def covered(row: Row, payload: str | None = None) -> signing.Covered:

@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql as pg_sql
 
 import nbqueue
+from nbqueue.clock import ManualClock
 from nbqueue.storage import postgres_queries, sqlite_queries
 
 OLD_ROW = (
@@ -145,6 +146,55 @@ def test_a_postgres_schema_claimed_at_version_7_upgrades(pg_server: str, pg_sche
         conn.execute(pg_sql.SQL(CLAIMED_AT_V7).format(t=table))  # type: ignore[arg-type]
     with nbqueue.Queue(f"{pg_server}?schema={pg_schema}") as q:
         check_v7_claim_finishes(q)
+
+
+# A job whose attempt timed out at version 10 (its outcome read from the error text then), due again.
+FAILED_AT_V10 = (
+    "UPDATE {t} SET status = 'running', attempts = 1, started_at = 1, lease_until = 9000000000000000, "
+    "lease_us = 60000000, worker_id = 'old' WHERE id = 1",
+    "UPDATE {t} SET status = 'failed', retries = 1, error = 'timed out after 1 s', lease_until = NULL, "
+    "updated_at = 2 WHERE id = 1",
+)
+
+
+def check_outcomes_are_stored_values(q: nbqueue.Queue, clock: ManualClock) -> None:
+    """Version 11: an attempt's outcome is the value its write stores, not read from the error text:
+    the old attempt keeps its outcome, a handler's own text that reads like a lost claim is a
+    failure, and an expired lease is lost."""
+    assert list(q.attempts(1)["outcome"]) == ["timeout"]
+    job = q.claim(lease=10)
+    assert job is not None and job.id == 1
+    q.fail(job, "lost: words a handler chose")
+    clock.advance(3600)
+    again = q.claim(lease=10)
+    assert again is not None and again.id == 1
+    clock.advance(11)
+    assert q.recover() == 1
+    assert list(q.attempts(1)["outcome"]) == ["timeout", "failed", "lost"]
+    assert q.attempts(1)["error"].iloc[1] == "lost: words a handler chose"
+
+
+def test_a_sqlite_attempt_recorded_at_version_10_keeps_its_outcome(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    sqlite_at(path, 10)
+    with sqlite3.connect(path) as conn:
+        for statement in FAILED_AT_V10:
+            conn.execute(statement.format(t="nbqueue_jobs"))
+    conn.close()
+    clock = ManualClock()
+    with nbqueue.Queue(path, clock=clock) as q:
+        check_outcomes_are_stored_values(q, clock)
+
+
+def test_a_postgres_attempt_recorded_at_version_10_keeps_its_outcome(pg_server: str, pg_schema: str) -> None:
+    postgres_at(pg_server, pg_schema, 10)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        table = pg_sql.SQL("{}.nbqueue_jobs").format(pg_sql.Identifier(pg_schema))
+        for statement in FAILED_AT_V10:
+            conn.execute(pg_sql.SQL(statement).format(t=table))  # type: ignore[arg-type]
+    clock = ManualClock()
+    with nbqueue.Queue(f"{pg_server}?schema={pg_schema}", clock=clock) as q:
+        check_outcomes_are_stored_values(q, clock)
 
 
 def test_a_fresh_queue_is_at_the_latest_version_on_both_backends(

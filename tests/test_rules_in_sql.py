@@ -16,7 +16,7 @@ def test_both_backends_claim_and_count_by_the_shared_rules(queries: ModuleType) 
         text = getattr(queries, statement)
         assert rules.CLAIMABLE_SQL in text, statement
         assert rules.CLAIM_ORDER in text, statement
-    assert rules.UNFINISHED_SQL in queries.HELD_KEY  # a key is held while its job is unfinished
+    assert rules.UNFINISHED_SQL in queries.SQL.HELD_KEY  # a key is held while its job is unfinished
 
 
 def test_the_fragments_name_exactly_the_state_machines_sets() -> None:

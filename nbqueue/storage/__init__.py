@@ -20,16 +20,17 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import InvalidArgument
-from ..jobs import State
+from ..jobs import JobRow, State
 
 Row = tuple[Any, ...]
 Inserted = tuple[int, bool, int | None]  # id, created, created_at (microseconds)
 
 
 def claim_order(row: Row) -> tuple[int, int, int]:
-    """A claimed row's place in claim order: priority first, then run_at, then id (its
-    columns in jobs.COLUMNS order). Both backends sort a batch's claims by it."""
-    return (-row[5], row[11], row[0])
+    """A claimed row's place in claim order: priority first, then run_at, then id. Both
+    backends sort a batch's claims by it."""
+    job = JobRow._make(row)
+    return (-job.priority, job.run_at, job.id)
 
 
 @dataclass(slots=True)
@@ -282,10 +283,13 @@ class Storage(Protocol):
         delay_us: int,
         now: int | None,
         expired: bool = False,
+        failed_as: str | None = None,
     ) -> bool:
         """Running -> `status` (failed, due after delay_us; or dead) under the live lease.
 
-        With `expired`, the lease must have run out instead (recovery).
+        With `expired`, the lease must have run out instead (recovery), and the attempt is
+        recorded as lost. `failed_as` ("lost", "timeout") is how the attempt is recorded when
+        it says more than `status` (stored as a value, schema version 11).
         """
         ...
 

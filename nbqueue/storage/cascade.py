@@ -1,23 +1,22 @@
 """What a finished parent does to its blocked children, run inside the transaction that finished it.
 
-The same loops for both backends: each passes `run(name, params)`, which runs the
-statement of that name from its own query module (in its open transaction) and
-returns the rows. The decisions are `nbqueue.dependencies`'; this module only walks
-the graph, level by level, so a doomed child dooms its own children, and the work
-per finished parent is its own children.
+The same loops for both backends: each passes its open transaction, `tx`, which runs
+one of its statements (`tx.sql`, typed: storage.statements) and returns the rows.
+The decisions are `nbqueue.dependencies`'; this module only walks the graph, level
+by level, so a doomed child dooms its own children, and the work per finished
+parent is its own children.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from ..dependencies import Change, When, after_parent, initial
 from ..errors import FamilyTooLarge, InvalidTransition, JobNotFound
 from ..jobs import State
 from . import NewJob
+from .statements import NEW_COLUMNS, Tx
 
-Run = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]
 Finished = tuple[int, State, int | None]  # a job that just finished: id, state, root cause
 
 
@@ -26,13 +25,13 @@ def doomed_error(root: int, state: State) -> str:
     return f"upstream failed: job {root} ended {state.value}; requeue job {root} and this job runs again"
 
 
-def resolve(run: Run, finished: Sequence[Finished], now: int | None) -> None:
+def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
     """Children of jobs that just finished: counted down, released, or doomed, level by level."""
     level = list(finished)
     roots: dict[int, State] = {job_id: state for job_id, state, _ in finished}
     while level:
         outcomes = {job_id: (state, root) for job_id, state, root in level}
-        rows = run("CHILDREN_BLOCKED", {"ids": sorted(outcomes)})
+        rows = tx(tx.sql.CHILDREN_BLOCKED, {"ids": sorted(outcomes)})
         waiting: dict[int, tuple[When, int]] = {}
         next_level: list[Finished] = []
         for parent, child, rule, left in rows:
@@ -45,45 +44,45 @@ def resolve(run: Run, finished: Sequence[Finished], now: int | None) -> None:
                 waiting[child] = (current[0], change.left)
                 continue
             waiting[child] = (current[0], -1)
-            apply(run, child, change, roots.get(change.root or 0, State.DEAD), now, next_level)
+            apply(tx, child, change, roots.get(change.root or 0, State.DEAD), now, next_level)
         for child, (_, left) in waiting.items():
             if left >= 0:
-                run("SET_LEFT", {"id": child, "left": left})
+                tx(tx.sql.SET_LEFT, {"id": child, "left": left})
         level = next_level
 
 
 def apply(
-    run: Run, child: int, change: Change, root_state: State, now: int | None, doomed: list[Finished]
+    tx: Tx, child: int, change: Change, root_state: State, now: int | None, doomed: list[Finished]
 ) -> None:
     """Move a blocked child as `change` says; a doomed one joins the next level as a failed parent."""
     if change.state is State.PENDING:
-        run("UNBLOCK", {"id": child, "left": change.left, "now": now})
+        tx(tx.sql.UNBLOCK, {"id": child, "left": change.left, "now": now})
         return
     root = change.root or child
-    rows = run(
-        "DOOM",
+    rows = tx(
+        tx.sql.DOOM,
         {"id": child, "left": change.left, "root": root, "error": doomed_error(root, root_state), "now": now},
     )
     if rows and rows[0][0]:  # it has children of its own
         doomed.append((child, State.UPSTREAM_FAILED, root))
 
 
-def settle(run: Run, job_id: int, now: int | None) -> Change | None:
+def settle(tx: Tx, job_id: int, now: int | None) -> Change | None:
     """Put a job where its parents, as they are now, say it stands: blocked, pending or
     upstream_failed (None: it has no parents, and stays as it is)."""
-    rows = run("WAITS_FOR", {"id": job_id})
+    rows = tx(tx.sql.WAITS_FOR, {"id": job_id})
     if not rows or rows[0][0] is None:
         return None
-    parents = [(int(p), State(s), r) for p, s, r in run("PARENTS_OF", {"id": job_id})]
+    parents = [(int(p), State(s), r) for p, s, r in tx(tx.sql.PARENTS_OF, {"id": job_id})]
     change = initial(When(rows[0][0]), parents)
     root = change.root
     error = doomed_error(root, next((s for p, s, _ in parents if p == root), State.DEAD)) if root else None
     params = {"id": job_id, "status": change.state.value, "left": change.left, "root": root}
-    run("SETTLE", {**params, "error": error, "now": now})
+    tx(tx.sql.SETTLE, {**params, "error": error, "now": now})
     return change
 
 
-def rearm(run: Run, requeued: Sequence[int], now: int | None) -> None:
+def rearm(tx: Tx, requeued: Sequence[int], now: int | None) -> None:
     """Requeued jobs come back with their graph, in the same transaction: every descendant that
     failed because of one of them is blocked again, and every child that waits on them, or was
     let go by them and has not started, is counted afresh (a pending all_done child waits again
@@ -96,21 +95,21 @@ def rearm(run: Run, requeued: Sequence[int], now: int | None) -> None:
     for root in requeued:
         level = [root]
         while level:
-            found = {int(r[0]) for r in run("DOOMED_BY", {"ids": level, "root": root})}
+            found = {int(r[0]) for r in tx(tx.sql.DOOMED_BY, {"ids": level, "root": root})}
             level = sorted(found - moved)
             for child in level:
-                run("REARM", {"id": child, "now": now})
+                tx(tx.sql.REARM, {"id": child, "now": now})
             moved.update(level)
-    waiting = {int(r[0]) for r in run("CHILDREN_WAITING", {"ids": sorted(moved)})} - moved
+    waiting = {int(r[0]) for r in tx(tx.sql.CHILDREN_WAITING, {"ids": sorted(moved)})} - moved
     touched = moved | waiting
-    edges = [(int(p), int(c)) for p, c in run("EDGES_OF", {"ids": sorted(touched)})]
+    edges = [(int(p), int(c)) for p, c in tx(tx.sql.EDGES_OF, {"ids": sorted(touched)})]
     doomed: list[Finished] = []
     for job_id in topological(touched, edges):
-        change = settle(run, job_id, now)
+        change = settle(tx, job_id, now)
         if job_id in waiting and change is not None and change.state is State.UPSTREAM_FAILED:
             doomed.append((job_id, State.UPSTREAM_FAILED, change.root))  # its children lie outside
     if doomed:
-        resolve(run, doomed, now)
+        resolve(tx, doomed, now)
 
 
 def topological(jobs: set[int], edges: Sequence[tuple[int, int]]) -> list[int]:
@@ -133,7 +132,7 @@ def topological(jobs: set[int], edges: Sequence[tuple[int, int]]) -> list[int]:
     return order
 
 
-def join_family(run: Run, new: NewJob) -> tuple[int | None, int | None]:
+def join_family(tx: Tx, new: NewJob) -> tuple[int | None, int | None]:
     """A job made by a running job (its origin names that job, the spawner) joins the spawner's
     family, counted on the family's first job: (spawner, family), or FamilyTooLarge once the
     family holds `new.family_limit` jobs; a cancelled job (its code may still run) makes none.
@@ -141,15 +140,15 @@ def join_family(run: Run, new: NewJob) -> tuple[int | None, int | None]:
     if new.origin is None:
         return None, None
     spawner = int(new.origin.split(":", 1)[0])  # workflows.origin_of: "<job id>:<call>:<n>"
-    found = run("FAMILY_OF", {"spawner": spawner})
+    found = tx(tx.sql.FAMILY_OF, {"spawner": spawner})
     if not found:
         return spawner, None
     family = int(found[0][0])
     if found[0][1] == State.CANCELLED.value:  # its code may still run: what it made was cancelled
         raise InvalidTransition(f"job {spawner} was cancelled: it cannot make more jobs")
     most = new.family_limit
-    if most is not None and not run("GROW_FAMILY", {"family": family, "most": most}):
-        size = run("FAMILY_SIZE", {"family": family})
+    if most is not None and not tx(tx.sql.GROW_FAMILY, {"family": family, "most": most}):
+        size = tx(tx.sql.FAMILY_SIZE, {"family": family})
         if size:
             raise FamilyTooLarge(
                 f"job {spawner} cannot make another job: its family (job {family} and every job made "
@@ -159,22 +158,22 @@ def join_family(run: Run, new: NewJob) -> tuple[int | None, int | None]:
     return spawner, family
 
 
-def cancel(run: Run, job_ids: Sequence[int], now: int | None) -> list[int]:
+def cancel(tx: Tx, job_ids: Sequence[int], now: int | None) -> list[int]:
     """Cancel the jobs of `job_ids` that have not finished, and every unfinished job they made while
     they ran (and those made, theirs); then doom what waited for any of them. Returns the ids of
     `job_ids` cancelled (the jobs they made are cancelled with them, silently)."""
-    rows = run("CANCEL", {"ids": list(job_ids), "now": now})
+    rows = tx(tx.sql.CANCEL, {"ids": list(job_ids), "now": now})
     cancelled = sorted(int(r[0]) for r in rows)
-    made = [int(r[0]) for r in run("MADE_BY", {"ids": cancelled})] if cancelled else []
+    made = [int(r[0]) for r in tx(tx.sql.MADE_BY, {"ids": cancelled})] if cancelled else []
     if made:
-        rows += run("CANCEL", {"ids": made, "now": now})
+        rows += tx(tx.sql.CANCEL, {"ids": made, "now": now})
     linked = [(int(i), State.CANCELLED, None) for i, children in rows if children]
     if linked:  # their waiting descendants are doomed in the same transaction
-        resolve(run, linked, now)
+        resolve(tx, linked, now)
     return cancelled
 
 
-def link(run: Run, new: NewJob, now: int | None, extra: dict[str, Any] | None = None) -> tuple[int, bool]:
+def link(tx: Tx, new: NewJob, now: int | None, token: int | None = None) -> tuple[int, bool]:
     """Insert one job with its parents, in the caller's transaction: (id, created).
 
     The parents are locked (marked as having children) before their states are read, so a
@@ -182,37 +181,23 @@ def link(run: Run, new: NewJob, now: int | None, extra: dict[str, Any] | None = 
     none is stranded blocked. A parent that does not exist is refused (JobNotFound, and the
     transaction is rolled back). A job that its origin or key already names is not made twice.
     """
-    if new.origin is not None and (held := run("ORIGIN_HELD", {"origin": new.origin})):
+    if new.origin is not None and (held := tx(tx.sql.ORIGIN_HELD, {"origin": new.origin})):
         return int(held[0][0]), False
-    if new.key is not None and (held := run("HELD_KEY", {"key": new.key})):
+    if new.key is not None and (held := tx(tx.sql.HELD_KEY, {"key": new.key})):
         return int(held[0][0]), False
-    spawner, family = join_family(run, new)
+    spawner, family = join_family(tx, new)
     parents = sorted(set(new.parents))
-    found = run("LINK_PARENTS", {"ids": parents}) if parents else []
+    found = tx(tx.sql.LINK_PARENTS, {"ids": parents}) if parents else []
     missing = sorted(set(parents) - {int(row[0]) for row in found})
     if missing:
         raise JobNotFound(f"no job with id {missing[0]}: a job cannot wait for a job that does not exist")
     rule = When(new.when or When.ALL_SUCCEEDED)
     change = initial(rule, [(int(i), State(s), r) for i, s, r in found])
     states = {int(i): State(s) for i, s, _ in found}
-    run_at = new.run_at_us if new.run_at_us is not None else (None if now is None else now + new.delay_us)
     params = {
+        **{name: getattr(new, name) for name in (*NEW_COLUMNS, "run_at_us", "delay_us")},
         "status": change.state.value,
-        "queue": new.queue,
-        "task": new.task,
-        "payload": new.payload,
-        "priority": new.priority,
-        "key": new.key,
-        "max_retries": new.max_retries,
-        "run_at": run_at,
-        "run_at_us": new.run_at_us,
-        "delay_us": new.delay_us,
         "now": now,
-        "timeout": new.timeout,
-        "backoff": new.backoff,
-        "signature": new.signature,
-        "limits": new.limits,
-        "gate": new.gate,
         "left": change.left,
         "wait_when": rule.value if parents else None,
         "root": change.root,
@@ -221,9 +206,9 @@ def link(run: Run, new: NewJob, now: int | None, extra: dict[str, Any] | None = 
         "workflow": new.workflow,
         "spawner": spawner,
         "family": family,
-        **(extra or {}),
+        "token": token,
     }
-    job_id = int(run("INSERT_LINKED", params)[0][0])
+    job_id = int(tx(tx.sql.INSERT_LINKED, params)[0][0])
     for parent in parents:
-        run("INSERT_EDGE", {"parent": parent, "child": job_id})
+        tx(tx.sql.INSERT_EDGE, {"parent": parent, "child": job_id})
     return job_id, True

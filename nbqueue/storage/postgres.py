@@ -1,9 +1,10 @@
 """PostgreSQL storage: workers on many machines, claims with FOR UPDATE SKIP LOCKED.
 
-The statements are in `postgres_queries`; this module runs them: connections
-(one per thread, `search_path` set to the queue's schema), reconnects,
-migrations under an advisory lock, LISTEN/NOTIFY wake-ups, and turning
-psycopg's errors into nbqueue's. The only module that imports psycopg.
+The queue verbs are `storage.sql`'s, over the statements in `postgres_queries`;
+this module keeps what only PostgreSQL does: connections (one per thread,
+`search_path` set to the queue's schema), reconnects and lost replies, claims
+with SKIP LOCKED, migrations under an advisory lock, LISTEN/NOTIFY wake-ups, and
+turning psycopg's errors into nbqueue's. The only module that imports psycopg.
 
 Time comes from the server (`now()`) unless the Queue was given its own clock,
 so clock skew between worker machines cannot break leases.
@@ -33,22 +34,10 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import State
-from ..options import held_keys
-from . import (
-    ClaimRequest,
-    Completion,
-    Decide,
-    Filter,
-    Inserted,
-    NewJob,
-    Row,
-    StepRecord,
-    StoredSchedule,
-    cascade,
-    claim_order,
-)
+from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order
 from . import postgres_queries as sql
-from .rules import PENDING_PER_TASK
+from .sql import SqlStorage
+from .statements import Params, Tx
 
 try:
     import psycopg
@@ -58,7 +47,6 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     raise MissingDependency("PostgreSQL queues need psycopg 3: pip install 'nbqueue[postgres]'") from None
 
 T = TypeVar("T")
-Params = dict[str, Any]
 TIDY_EVERY = 5.0  # seconds between folds of the count changes by a reader
 # PostgreSQL cuts an identifier to 63 bytes (of UTF-8), silently: two longer schema names that
 # share their first 63 bytes would open one schema, so names are counted in bytes and refused beyond.
@@ -68,10 +56,6 @@ LOCKED_RETRY_SECONDS = 120.0  # a statement cancelled by a timeout (a lock held 
 # its board, its buttons) gives up after this many seconds (`?lock_wait=SECONDS` in the URL), and
 # so does opening the queue: a session that holds a lock for good must not hang the notebook.
 LOCK_WAIT_SECONDS = 5.0
-_NEW_JOB_FIELDS = (
-    *("queue", "task", "payload", "priority", "key", "max_retries", "delay_us"),
-    *("run_at_us", "timeout", "backoff", "signature", "limits", "gate"),
-)
 
 
 def _split_url(url: str) -> tuple[str, str]:
@@ -125,7 +109,7 @@ def _translate(exc: Exception, where: str) -> NbqueueError:
 
 def _insert_params(jobs: Sequence[NewJob]) -> Params:
     """New jobs as the column arrays sql.INSERT unnests."""
-    return {name: [getattr(j, name) for j in jobs] for name in _NEW_JOB_FIELDS}
+    return {name: [getattr(j, name) for j in jobs] for name in sql.NEW_FIELDS}
 
 
 def _filter_params(where: Filter) -> Params:
@@ -133,17 +117,6 @@ def _filter_params(where: Filter) -> Params:
         name: None if value is None else list(value)
         for name, value in (("queues", where.queues), ("tasks", where.tasks), ("signed", where.signed))
     }
-
-
-def _runner(cur: psycopg.Cursor[Any], channel: str) -> cascade.Run:
-    """cascade's `run(name, params)` on this transaction's cursor; a job it makes due wakes the
-    workers listening on `channel` when the transaction commits."""
-
-    def run(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        cur.execute(getattr(sql, name), {**params, "channel": channel, "wake": True})
-        return cur.fetchall() if cur.description else []
-
-    return run
 
 
 def _each(done: Sequence[Completion], now: int | None) -> Params:
@@ -185,15 +158,15 @@ def _release(
         conn.close()
 
 
-class PostgresStorage:
+class PostgresStorage(SqlStorage):
     """Jobs in PostgreSQL tables (in `?schema=NAME`, default public); one connection per thread.
 
     `?lock_wait=SECONDS` (default 5): how long a call from the process's main thread (a notebook's
     cells, board and buttons) and opening the queue wait for a lock another session holds, before
     a StorageError; a worker's threads wait a lock out (LOCKED_RETRY_SECONDS)."""
 
+    sql = sql.SQL
     server_clock = True
-    batch_claims = 16
 
     def __init__(self, url: str, *, synchronous: str = "normal") -> None:
         if synchronous not in ("normal", "full"):
@@ -201,6 +174,7 @@ class PostgresStorage:
         self.synchronous = synchronous
         url, self.lock_wait = _lock_wait(url)
         self.conninfo, self.schema = _split_url(url)
+        self.identity_suffix = f"/{self.schema}"  # a row copied into another schema never verifies
         parts = urlsplit(url)  # for messages: never show a password
         self._where = f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
         self._local = threading.local()
@@ -333,6 +307,38 @@ class PostgresStorage:
         rows = self._rows(statement, params, lost)
         return rows[0] if rows else None
 
+    def _bind(self, params: Params) -> Params:
+        """A statement's parameters, with the channel that a job it makes due wakes (on commit)."""
+        return {"channel": self.channel, "wake": True, **params}
+
+    def _read(self, statement: str, params: Params | None = None) -> list[Row]:
+        return self._rows(statement, self._bind(params or {}))
+
+    def _change(self, statement: str, params: Params, lost: str | None = None) -> list[Row]:
+        return self._rows(statement, self._bind(params), lost)
+
+    def _transaction(self, work: Callable[[Tx], T], committed: Callable[[], T | None] | None = None) -> T:
+        return self._run(lambda cur: work(self._tx(cur)), transaction=True, committed=committed)
+
+    def _tx(self, cur: psycopg.Cursor[Any]) -> Tx:
+        def run(statement: str, params: Params) -> list[Row]:
+            cur.execute(statement, self._bind(params))  # type: ignore[arg-type]  # fixed text
+            return cur.fetchall() if cur.description else []
+
+        return Tx(run, sql.SQL, cur)
+
+    def _filter(self, where: Filter) -> Params:
+        return _filter_params(where)
+
+    def _token(self) -> int | None:
+        return _token()
+
+    def _text(self, text: str | None) -> str | None:
+        return _clean(text)
+
+    def _insert_in(self, tx: Tx, job: NewJob, now: int | None) -> None:
+        tx(sql.INSERT, {**_insert_params([job]), "now": now, "token": _token()})
+
     # -- schema ----------------------------------------------------------------
 
     def _migrate(self) -> None:
@@ -393,231 +399,16 @@ class PostgresStorage:
         params = {**_insert_params(jobs), "now": now, "channel": self.channel}
         for _ in range(10):  # a held key's job may finish meanwhile: then insert again
             params["token"] = _token()
-            created = self._rows(sql.INSERT, params, lost=sql.INSERTED)
+            created = self._rows(sql.INSERT, params, lost=sql.SQL.INSERTED)
             if len(created) == len(jobs):
                 self.notify()
                 return [(int(i), True, int(stamp)) for i, stamp in created]
             if all(j.key is None for j in jobs):
                 raise StorageError(f"{self._where}: {len(jobs) - len(created)} jobs were not written")
-            held = self._one(sql.HELD_KEY, {"key": jobs[0].key})
+            held = self._one(sql.SQL.HELD_KEY, {"key": jobs[0].key})
             if held is not None:
                 return [(int(held[0]), False, None)]
         raise StorageError(f"{self._where}: the key kept changing hands")
-
-    def _claim_params(self, request: ClaimRequest) -> Params:
-        where, worker_id, lease_us, host, pid = request
-        params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "token": _token()}
-        return {**params, "host": host, "pid": pid}
-
-    def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
-        if request.where.matches_nothing:
-            return None
-        statement = sql.CLAIM_FROM_ANY_QUEUE if request.where.queues is None else sql.CLAIM_FROM_QUEUES
-        return self._one(statement, {**self._claim_params(request), "now": now}, lost=sql.CLAIMED)
-
-    def insert_linked(
-        self,
-        count: int,
-        make: Callable[[int, list[int], int | None], NewJob],
-        workflow: str | None,
-        now: int | None,
-    ) -> list[tuple[int, bool]]:
-        token = _token()
-
-        def work(cur: psycopg.Cursor[Any]) -> list[tuple[int, bool]]:
-            run = _runner(cur, self.channel)
-            wf = None if workflow is None else int(run("NEW_WORKFLOW", {"name": workflow, "now": now})[0][0])
-            made: list[tuple[int, bool]] = []
-            for i in range(count):
-                new = make(i, [job_id for job_id, _ in made], wf)
-                made.append(cascade.link(run, new, now, {"token": token}))
-            cur.execute(sql.WAKE, {"channel": self.channel})
-            return made
-
-        def committed() -> list[tuple[int, bool]] | None:
-            found = self._rows(sql.INSERTED, {"token": token})
-            return [(int(r[0]), True) for r in found] or None
-
-        made = self._run(work, transaction=True, committed=committed)
-        self.notify()
-        return made
-
-    def edges(self, job_ids: Sequence[int]) -> list[Row]:
-        return self._rows(sql.EDGES_OF, {"ids": list(job_ids)})
-
-    def workflow_jobs(self, workflow: int) -> list[int]:
-        return [int(r[0]) for r in self._rows(sql.IN_WORKFLOW, {"workflow": workflow})]
-
-    def step_values(self, job_id: int) -> dict[str, str]:
-        return {str(name): str(value) for name, value in self._rows(sql.STEP_VALUES, {"id": job_id})}
-
-    def record_step(self, step: StepRecord, now: int | None) -> str | None:
-        params = {**step.params(), "now": now}
-        if self._one(sql.RECORD_STEP, params, lost=sql.STEP_OF) is not None:
-            return step.value
-        held = self._one(sql.STEP_OF, params)  # recorded before (a parallel twin), if the claim lives
-        return str(held[0]) if held and self._one(sql.STILL_CLAIMED, params) else None
-
-    def steps(self, job_id: int) -> list[Row]:
-        return self._rows(sql.STEPS, {"id": job_id})
-
-    def step_previews(self, job_id: int, chars: int) -> list[Row]:
-        return self._rows(sql.STEP_PREVIEWS, {"id": job_id, "chars": chars})
-
-    def forget_steps(self, job_id: int, since: int) -> int:
-        return len(self._rows(sql.FORGET_STEPS, {"id": job_id, "since": since}))
-
-    def save_file(self, job_id: int, attempt: int, name: str, content: str, now: int | None) -> bool:
-        params = {"id": job_id, "attempt": attempt, "name": name, "content": content, "now": now}
-        return self._one(sql.SAVE_FILE, params, lost=sql.FILE_SAVED) is not None
-
-    def save_schedule(self, schedule: StoredSchedule, now: int | None) -> None:
-        self._rows(sql.SAVE_SCHEDULE, {**schedule._asdict(), "now": now})  # an upsert: safe to repeat
-
-    def schedules(self) -> list[StoredSchedule]:
-        return [StoredSchedule(*row) for row in self._rows(sql.SCHEDULES)]
-
-    def delete_schedule(self, name: str) -> bool:
-        return self._one(sql.DELETE_SCHEDULE, {"name": name}, lost=sql.SCHEDULE_GONE) is not None
-
-    def repin(self, job_id: int, old: str, payload: str, signature: str | None) -> bool:
-        params = {"id": job_id, "old": old, "payload": payload, "signature": signature}
-        return self._one(sql.REPIN, params, lost=sql.REPINNED) is not None
-
-    def load_file(self, job_id: int, name: str) -> str | None:
-        row = self._one(sql.LOAD_FILE, {"id": job_id, "name": name})
-        return None if row is None else str(row[0])
-
-    def file_names(self, job_ids: Sequence[int]) -> dict[int, list[str]]:
-        found: dict[int, list[str]] = {}
-        for job_id, name in self._rows(sql.FILE_NAMES, {"ids": list(job_ids)}):
-            found.setdefault(int(job_id), []).append(str(name))
-        return {job_id: sorted(names) for job_id, names in found.items()}
-
-    def replay(self, job_id: int, since: int, now: int | None) -> bool:
-        params: Params = {"ids": [job_id], "now": now, "channel": self.channel, "wake": True}
-
-        def work(cur: psycopg.Cursor[Any]) -> bool:
-            cur.execute(sql.REPLAY, params)  # type: ignore[arg-type]
-            if not cur.fetchall():
-                return False  # (also when a lost reply's retry finds it moved already)
-            cur.execute(sql.FORGET_STEPS, {"id": job_id, "since": since})
-            cascade.rearm(_runner(cur, self.channel), [job_id], now)
-            return True
-
-        moved = self._run(work, transaction=True)
-        if moved:
-            self.notify()
-        return moved
-
-    def limited_waiting(self, where: Filter) -> bool:
-        if where.matches_nothing:
-            return False
-        statement = (
-            sql.LIMITED_WAITING_IN_ANY_QUEUE if where.queues is None else sql.LIMITED_WAITING_IN_QUEUES
-        )
-        row = self._one(statement, _filter_params(where))
-        return bool(row and row[0])
-
-    def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
-        if request.where.matches_nothing:
-            return None
-        params = {**self._claim_params(request), "now": now}
-        statement = sql.HEADS_IN_ANY_QUEUE if request.where.queues is None else sql.HEADS_IN_QUEUES
-
-        def work(cur: psycopg.Cursor[Any]) -> Row | None:
-            cur.execute(statement, params)  # type: ignore[arg-type]
-            found = cur.fetchall()
-            if not found:
-                return None
-            moment = int(found[0][0])
-            heads = [(int(i), held) for _, i, held in found]
-            keys = sorted({key for _, held in heads for key in held_keys(held)})
-            states: list[Row] = []
-            running: list[Row] = []
-            if keys:  # locked: claims weighing one key take turns; what runs is read after the lock
-                cur.execute(sql.LOCK_KEYS, {"keys": keys})
-                states = cur.fetchall()
-                cur.execute(sql.IN_FLIGHT, {"keys": keys})
-                running = cur.fetchall()
-            while heads:
-                choice = decide(heads, states, running, moment)
-                if choice is None:
-                    return None
-                chosen, tats = choice
-                cur.execute(sql.TAKE_ID, {**params, "chosen": chosen})  # type: ignore[arg-type]
-                row: Row | None = cur.fetchone()
-                if row is not None:
-                    for key, tat in tats.items():
-                        cur.execute(sql.SET_TAT, {"key": key, "tat": tat})
-                    return row
-                heads = [head for head in heads if head[0] != chosen]  # another claim took it
-            return None
-
-        def committed() -> Row | None:
-            return self._one(sql.CLAIMED, params)
-
-        return self._run(work, transaction=True, committed=committed)
-
-    def define_limit(self, key: str, concurrency: int | None, rate: float | None, burst: float) -> None:
-        params = {"key": key, "concurrency": concurrency, "rate": rate, "burst": burst, "now": None}
-        self._one(sql.DEFINE_LIMIT, params)
-        self.notify()
-
-    def pause(self, keys: Sequence[str], until_us: int, why: str, now: int | None) -> None:
-        moment = now if now is not None else self.now()
-        assert moment is not None
-        self._one(sql.PAUSE, {"keys": list(keys), "delay": until_us - moment, "why": _clean(why), "now": now})
-
-    def resume(self, key: str, now: int | None) -> bool:
-        resumed = self._one(sql.RESUME, {"key": key, "now": now}) is not None
-        self.notify()
-        return resumed
-
-    def limits(self) -> tuple[list[Row], list[Row], int]:
-        moment = self.now()
-        assert moment is not None
-        return self._rows(sql.LIMITS), self._rows(sql.WAITING_PER_KEY), moment
-
-    def snooze(
-        self,
-        job_id: int,
-        attempt: int,
-        delay_us: int,
-        note: str,
-        output: str | None,
-        pause: Sequence[str],
-        now: int | None,
-    ) -> bool:
-        params: Params = {
-            "id": job_id,
-            "attempt": attempt,
-            "delay": delay_us,
-            "error": _clean(note),
-            "output": _clean(output),
-            "now": now,
-            "channel": self.channel,
-            "wake": True,
-            "keys": list(pause),
-            "why": _clean(note),
-        }
-
-        def work(cur: psycopg.Cursor[Any]) -> bool:
-            cur.execute(sql.SNOOZE, params)  # type: ignore[arg-type]
-            if cur.fetchone() is None:
-                return False
-            if pause:
-                cur.execute(sql.PAUSE, params)  # type: ignore[arg-type]
-            return True
-
-        def committed() -> bool | None:
-            return True if self._one(sql.SNOOZED, params) else None
-
-        return self._run(work, transaction=True, committed=committed)
-
-    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
-        row = self._one(sql.HEARTBEAT, {"id": job_id, "attempt": attempt, "lease": lease_us, "now": now})
-        return None if row is None else int(row[0])
 
     def _complete(self, done: Completion, now: int | None) -> bool:
         """One success: one statement, or a transaction if the job has children."""
@@ -660,7 +451,7 @@ class PostgresStorage:
             return {int(i) for i in rows[0][0]}, sorted(taken, key=claim_order)
 
         def committed() -> tuple[set[int], list[Row]] | None:
-            taken = sorted(self._rows(sql.CLAIMED, params), key=claim_order)
+            taken = sorted(self._rows(sql.SQL.CLAIMED, params), key=claim_order)
             finished = {int(r[0]) for r in self._rows(sql.COMPLETED_MANY, each)} if done else set()
             return (finished, taken) if taken or finished else None  # neither: it did not commit
 
@@ -679,7 +470,7 @@ class PostgresStorage:
             rows = cur.fetchall()
             parents = [(int(r[0]), State.COMPLETED, None) for r in rows if r[1]]
             if parents:  # their children learn of it in the same transaction
-                cascade.resolve(_runner(cur, self.channel), parents, each["now"])
+                cascade.resolve(self._tx(cur), parents, each["now"])
             finished = {int(r[0]) for r in rows}
             return [d.job_id in finished for d in done]
 
@@ -699,9 +490,7 @@ class PostgresStorage:
             if row is None:
                 return False
             if row[-1] and state is not State.FAILED:
-                cascade.resolve(
-                    _runner(cur, self.channel), [(int(params["id"]), state, None)], params.get("now")
-                )
+                cascade.resolve(self._tx(cur), [(int(params["id"]), state, None)], params.get("now"))
             return True
 
         def committed() -> bool | None:
@@ -709,168 +498,8 @@ class PostgresStorage:
 
         return self._run(work, transaction=True, committed=committed)
 
-    def fail(
-        self,
-        job_id: int,
-        attempt: int,
-        error: str,
-        output: str | None,
-        status: State,
-        delay_us: int,
-        now: int | None,
-        expired: bool = False,
-    ) -> bool:
-        params: Params = {
-            "id": job_id,
-            "attempt": attempt,
-            "status": status.value,
-            "error": _clean(error),
-            "output": _clean(output),
-            "delay": delay_us,
-            "now": now,
-            "channel": self.channel,
-            "wake": status is State.FAILED,
-        }
-        if not expired and self._one(sql.FAIL, params, lost=sql.FAILED) is not None:
-            return True
-        statement = sql.FAIL_EXPIRED if expired else sql.FAIL_LINKED
-        return self._finish_linked(statement, params, status, sql.FAILED)
-
-    def release(self, job_id: int, attempt: int, now: int | None) -> bool:
-        params = {"id": job_id, "attempt": attempt, "now": now, "channel": self.channel, "wake": True}
-        released = self._one(sql.RELEASE, params, lost=sql.RELEASED) is not None
-        if released:
-            self.notify()
-        return released
-
-    def unclaim(self, job_id: int, attempt: int, started_at: int, now: int | None) -> bool:
-        params: Params = {"id": job_id, "attempt": attempt, "started": started_at, "now": now}
-        params |= {"channel": self.channel, "wake": True}
-
-        def work(cur: psycopg.Cursor[Any]) -> bool:  # safe to repeat: it undoes only this claim
-            cur.execute(sql.UNCLAIM, params)
-            if cur.fetchone() is None:
-                return False
-            cur.execute(sql.FORGET_ATTEMPT, params)
-            return True
-
-        undone = self._run(work, transaction=True)
-        if undone:
-            self.notify()
-        return undone
-
-    def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
-        params = {"id": job_id, "attempt": attempt, "error": _clean(error), "now": now}
-        return self._one(sql.REFUSE, params) is not None
-
-    def sign(self, job_id: int, payload: str, signature: str, old: str | None) -> bool:
-        params = {"id": job_id, "payload": payload, "signature": signature, "old": old}
-        return self._one(sql.SIGN, params, lost=sql.SIGNED_AS) is not None
-
-    def identity(self) -> str:
-        row = self._one(sql.IDENTITY_VALUE)
-        if row is None:
-            raise StorageError(f"{self._where}: the queue's identity row (nbqueue_info) is missing")
-        return f"{row[0]}/{self.schema}"  # a row copied into another schema never verifies
-
-    def runs(self, nonces: Sequence[str]) -> dict[str, Row]:
-        return {str(r[0]): r for r in self._rows(sql.RUNS, {"nonces": list(nonces)})}
-
-    def vouch(self, nonce: str, job_id: int, mac: str) -> bool:
-        return self._one(sql.VOUCH, {"nonce": nonce, "id": job_id, "mac": mac}) is not None
-
-    def bury(self, job_id: int, error: str, now: int | None) -> bool:
-        params = {"id": job_id, "error": _clean(error), "now": now}
-
-        def work(cur: psycopg.Cursor[Any]) -> bool:
-            cur.execute(sql.BURY, params)
-            row = cur.fetchone()
-            if row is not None and row[0]:
-                cascade.resolve(_runner(cur, self.channel), [(job_id, State.DEAD, None)], now)
-            return row is not None
-
-        return self._run(work, transaction=True)
-
-    def cancel(self, job_ids: Sequence[int], now: int | None) -> list[int]:
-        params = {"ids": list(job_ids), "now": now}
-
-        def work(cur: psycopg.Cursor[Any]) -> list[int]:
-            return cascade.cancel(_runner(cur, self.channel), job_ids, now)
-
-        def committed() -> list[int] | None:
-            return [int(r[0]) for r in self._rows(sql.CANCELLED, params)] or None
-
-        return self._run(work, transaction=True, committed=committed)
-
-    def requeue(self, job_ids: Sequence[int] | None, now: int | None) -> list[int]:
-        params: Params = {"now": now, "channel": self.channel, "wake": True}
-        statement = sql.REQUEUE_DEAD if job_ids is None else sql.REQUEUE_IDS
-        if job_ids is not None:
-            params["ids"] = list(job_ids)
-
-        def work(cur: psycopg.Cursor[Any]) -> list[int]:
-            cur.execute(statement, params)  # type: ignore[arg-type]
-            moved = sorted(int(r[0]) for r in cur.fetchall())
-            if moved:  # the graph comes back with them, in the same transaction
-                cascade.rearm(_runner(cur, self.channel), moved, now)
-            return moved
-
-        def committed() -> list[int] | None:
-            return (
-                None if job_ids is None else ([int(r[0]) for r in self._rows(sql.REQUEUED, params)] or None)
-            )
-
-        moved = self._run(work, transaction=True, committed=committed)
-        if moved:
-            self.notify()
-        return moved
-
-    def progress(
-        self, job_id: int, attempt: int, done: float, total: float | None, message: str, now: int | None
-    ) -> bool:
-        params = {"id": job_id, "attempt": attempt, "done": done, "total": total, "message": _clean(message)}
-        return self._one(sql.PROGRESS, {**params, "now": now}) is not None
-
-    def periodic_slot(self, name: str) -> int | None:
-        row = self._one(sql.PERIODIC_SLOT, {"name": name})
-        return None if row is None else int(row[0])
-
-    def periodic_advance(
-        self, name: str, last: int | None, slot: int, job: NewJob | None, now: int | None
-    ) -> bool:
-        def work(cur: psycopg.Cursor[Any]) -> bool:
-            if last is None:
-                cur.execute(sql.PERIODIC_START, {"name": name, "slot": slot})
-            else:
-                cur.execute(sql.PERIODIC_MOVE, {"name": name, "slot": slot, "last": last})
-            if cur.fetchone() is None:  # another worker moved it first
-                return False
-            if job is not None:
-                params = {**_insert_params([job]), "now": now, "channel": self.channel, "token": _token()}
-                cur.execute(sql.INSERT, params)  # type: ignore[arg-type]
-            return True
-
-        def committed() -> bool | None:
-            return True if self._one(sql.PERIODIC_MOVED, {"name": name, "slot": slot}) else None
-
-        taken = self._run(work, transaction=True, committed=committed)
-        if taken and job is not None:
-            self.notify()
-        return taken
-
-    def delete(self, job_ids: Sequence[int]) -> int:
-        return len(self._rows(sql.DELETE, {"ids": list(job_ids)}))
-
-    def purge(
-        self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
-    ) -> int:
-        params = {
-            "now": now,
-            "age": older_than_us - (0 if older_than_us else 1),  # age 0: everything so far
-            "statuses": [s.value for s in statuses],
-            "limit": limit,
-        }
-        row = self._one(sql.PURGE, params)
+    def _deleted(self, statement: str, params: Params) -> int:
+        row = self._one(statement, self._bind(params))
         return int(row[0]) if row else 0
 
     def tidy(self) -> None:
@@ -879,35 +508,9 @@ class PostgresStorage:
 
     # -- reading ---------------------------------------------------------------
 
-    def get(self, job_id: int) -> Row | None:
-        return self._one(sql.GET, {"id": job_id})
-
-    def get_many(self, job_ids: Sequence[int]) -> list[Row]:
-        return self._rows(sql.GET_MANY, {"ids": list(job_ids)}) if job_ids else []
-
-    def expired(self, now: int | None, limit: int) -> list[Row]:
-        return self._rows(sql.EXPIRED, {"now": now, "limit": limit})
-
-    def running_on(self, host: str) -> list[tuple[Row, int | None]]:
-        return [(tuple(r[:-1]), r[-1]) for r in self._rows(sql.RUNNING_ON, {"host": host})]
-
-    def claims(self, job_ids: Sequence[int]) -> list[Row]:
-        return self._rows(sql.CLAIMS, {"ids": list(job_ids)}) if job_ids else []
-
-    def attempts(self, job_id: int) -> list[Row]:
-        return self._rows(sql.ATTEMPTS, {"id": job_id})
-
-    def activity(self, since: int) -> list[Row]:
-        return self._rows(sql.ACTIVITY, {"since": since})
-
-    def failures(self, job_ids: Sequence[int]) -> dict[int, int]:
-        rows = self._rows(sql.FAILURES, {"ids": list(job_ids)}) if job_ids else []
-        return {int(job_id): int(n) for job_id, n in rows}
-
     def counts(self, queue: str | None = None) -> dict[str, int]:
         self._tidy_now_and_then()
-        found = {str(s): int(n) for s, n in self._rows(sql.COUNTS, {"queue": queue})}
-        return {s.value: found.get(s.value, 0) for s in State}
+        return super().counts(queue)
 
     def _tidy_now_and_then(self) -> None:
         """Readers fold the count changes too (every few seconds), so that a queue with no
@@ -918,39 +521,6 @@ class PostgresStorage:
         self._tidied = now
         with contextlib.suppress(NbqueueError):
             self.tidy()
-
-    def rows(
-        self,
-        statuses: Sequence[State] | None,
-        queue: str | None,
-        limit: int,
-        offset: int = 0,
-        brief: bool = False,
-    ) -> list[Row]:
-        params = {
-            "statuses": None if statuses is None else [s.value for s in statuses],
-            "queue": queue,
-            "limit": limit,
-            "offset": offset,
-        }
-        return self._rows(sql.ROWS[statuses is not None, queue is not None, brief], params)
-
-    def queues(self) -> list[str]:
-        return [str(r[0]) for r in self._rows(sql.QUEUES)]
-
-    def next_due(self, where: Filter) -> int | None:
-        if where.matches_nothing:
-            return None
-        statement = sql.NEXT_DUE_IN_ANY_QUEUE if where.queues is None else sql.NEXT_DUE_IN_QUEUES
-        row = self._one(statement, _filter_params(where))
-        return None if row is None or row[0] is None else int(row[0])
-
-    def task_names(self, statuses: Sequence[State], signed: bool = False) -> list[str]:
-        params = {"statuses": [s.value for s in statuses], "signed": signed}
-        return [str(r[0]) for r in self._rows(sql.TASK_NAMES, params)]
-
-    def pending_per_task(self) -> list[Row]:
-        return list(self._rows(PENDING_PER_TASK))
 
     def now(self) -> int | None:
         row = self._one(sql.SERVER_TIME)
@@ -996,7 +566,7 @@ class PostgresStorage:
         self.notify()
         if self._listen_lock.locked():  # a thread waits on the server: a NOTIFY ends its wait
             with contextlib.suppress(NbqueueError):  # the server is gone: its wait ends anyway
-                self._one(sql.WAKE, {"channel": self.channel})
+                self._one(sql.SQL.WAKE, {"channel": self.channel})
 
     def close(self) -> None:
         self._closed = True

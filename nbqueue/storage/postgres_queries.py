@@ -1,43 +1,57 @@
-"""PostgreSQL: the schema's version history and every statement, fixed text made once at import.
+"""PostgreSQL: the schema's version history, the dialect, and the statements of its own.
 
 Every connection sets `search_path` to the queue's schema, so statements name
 tables without a schema and never change at run time. Parameters are named
 (`%(now)s`); lists are passed as arrays. Time is the server's `now()` unless
-the caller passes its own clock (`%(now)s` not null). The rules shared with
-SQLite come from `storage.rules`.
+the caller passes its own clock (`%(now)s` not null). The statements both
+backends mean alike are in `storage.statements` (`SQL`, rendered in this
+dialect); here are the claims (FOR UPDATE SKIP LOCKED), the batch that
+completes and claims in one statement, and what PostgreSQL says its own way.
 """
 
 from __future__ import annotations
 
-from ..jobs import COLUMNS, UNFINISHED, State
+from ..jobs import COLUMNS
 from .rules import (
     ANY_STATE_SQL,
     ATTEMPT_ERROR_SQL,
     ATTEMPT_OUTCOME_SQL,
+    ATTEMPT_OUTCOME_V11_SQL,
     BRIEF_ERROR,
-    CANCELLABLE_SQL,
     CLAIM_ORDER,
     CLAIMABLE_SQL,
-    FAILED_OUTCOMES_SQL,
     FINISHED_SQL,
     HEADS,
     NO_LIMITS_NO_SCAN,
-    REPLAYABLE_SQL,
-    REQUEUEABLE_SQL,
     RUN_ENDED_SQL,
     UNFINISHED_SQL,
-    key_is_free,
     signed_run,
-    status_in,
 )
+from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 SIGNED, NONCE = signed_run("new")
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
-# Wakes the queue's listening workers when the transaction commits (once, however often).
-_WAKE = "(SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '') WHERE %(wake)s) n)"
+
+
+def _attempt_function(create: str, outcome: str) -> str:
+    """The function that records every attempt (version 8; made again in 11 with its outcome)."""
+    return f"""{create} FUNCTION {{s}}.nbqueue_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.status = 'running' THEN
+                INSERT INTO {{s}}.nbqueue_attempts (job_id, attempt, started_at, worker_id, host, pid)
+                    VALUES (NEW.id, NEW.attempts, NEW.started_at, NEW.worker_id, NEW.worker_host,
+                    NEW.worker_pid) ON CONFLICT (job_id, attempt) DO NOTHING;
+            ELSE
+                UPDATE {{s}}.nbqueue_attempts SET finished_at = NEW.updated_at,
+                    outcome = {outcome}, error = {ATTEMPT_ERROR_SQL}
+                    WHERE job_id = OLD.id AND attempt = OLD.attempts;
+            END IF;
+            RETURN NULL;
+        END $$"""
+
 
 #: Each version's statements, run in order under an advisory lock. History: never edited.
 #: `{s}` is the schema (quoted), filled in once per migration, never in a queue verb.
@@ -176,19 +190,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "outcome TEXT, error TEXT, PRIMARY KEY (job_id, attempt))",
         "CREATE INDEX nbqueue_attempts_finished ON {s}.nbqueue_attempts (finished_at) "
         "WHERE finished_at IS NOT NULL",
-        f"""CREATE FUNCTION {{s}}.nbqueue_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.status = 'running' THEN
-                INSERT INTO {{s}}.nbqueue_attempts (job_id, attempt, started_at, worker_id, host, pid)
-                    VALUES (NEW.id, NEW.attempts, NEW.started_at, NEW.worker_id, NEW.worker_host,
-                    NEW.worker_pid) ON CONFLICT (job_id, attempt) DO NOTHING;
-            ELSE
-                UPDATE {{s}}.nbqueue_attempts SET finished_at = NEW.updated_at,
-                    outcome = {ATTEMPT_OUTCOME_SQL}, error = {ATTEMPT_ERROR_SQL}
-                    WHERE job_id = OLD.id AND attempt = OLD.attempts;
-            END IF;
-            RETURN NULL;
-        END $$""",
+        _attempt_function("CREATE", ATTEMPT_OUTCOME_SQL),
         "CREATE TRIGGER nbqueue_attempt AFTER UPDATE OF status ON {s}.nbqueue_jobs FOR EACH ROW "
         "WHEN (OLD.status IS DISTINCT FROM NEW.status "
         "AND (OLD.status = 'running' OR NEW.status = 'running')) "
@@ -232,12 +234,14 @@ MIGRATIONS: dict[int, list[str]] = {
         "WHERE origin IS NOT NULL",
         "CREATE INDEX nbqueue_spawned_by ON {s}.nbqueue_jobs (spawned_by) WHERE spawned_by IS NOT NULL",
     ],
+    # An attempt's outcome stored as a value (the same meaning as SQLite's version 11).
+    11: [
+        "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN failed_as TEXT",
+        _attempt_function("CREATE OR REPLACE", ATTEMPT_OUTCOME_V11_SQL),
+    ],
 }
 
-SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
-# What a listing shows: no payload, result or output, and only the end of the error text.
-BRIEF = {"payload": "'null'", "result": "NULL", "output": "NULL", "error": f"right(error, {BRIEF_ERROR})"}
-SELECT_BRIEF = f"SELECT {', '.join(BRIEF.get(c, c) for c in COLUMNS)} FROM nbqueue_jobs"
+SELECT_JOBS = f"SELECT {JOB_COLUMNS} FROM nbqueue_jobs"
 RETURNING_JOB = "RETURNING " + ", ".join(f"nbqueue_jobs.{c}" for c in COLUMNS)
 # Tasks this claim may take; of `signed` tasks, only jobs that carry a signature (checked after).
 TASK_ALLOWED = (
@@ -283,152 +287,6 @@ def _take(chosen: str, match: str = "=") -> str:
 TAKE = _take("(SELECT id FROM pick)")
 LIVE_CLAIM = "id = %(id)s AND status = 'running' AND attempts = %(attempt)s"
 
-# -- dependencies and steps (storage/cascade.py runs these by name) ------------------------
-
-IDS = "ANY(%(ids)s::bigint[])"
-# A parent a child still needs (to be waited for, or for its result at the claim): kept by purge.
-PARENT_NEEDED = (
-    "EXISTS (SELECT 1 FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
-    f"WHERE e.parent = nbqueue_jobs.id AND {status_in(UNFINISHED, 'c.status')})"
-)
-LINK_PARENTS = f"UPDATE nbqueue_jobs SET has_children = 1 WHERE id = {IDS} RETURNING id, status, root_cause"
-ORIGIN_HELD = "SELECT id FROM nbqueue_jobs WHERE origin = %(origin)s"
-NEW_WORKFLOW = f"INSERT INTO nbqueue_workflows (name, created_at) VALUES (%(name)s, {NOW}) RETURNING id"
-INSERT_LINKED = (
-    f"WITH {CLOCK} INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, "
-    "run_at, created_at, updated_at, timeout, backoff, signature, limits, gate, parents_left, wait_when, "
-    "root_cause, error, finished_at, origin, workflow, enqueue_token, spawned_by, family) SELECT %(status)s, "
-    "%(queue)s, "
-    "%(task)s, %(payload)s, %(priority)s, %(key)s, %(max_retries)s, coalesce(%(run_at_us)s, c.now + "
-    "%(delay_us)s), c.now, c.now, %(timeout)s, %(backoff)s, %(signature)s, %(limits)s, %(gate)s, %(left)s, "
-    "%(wait_when)s, %(root)s, %(error)s, CASE WHEN %(status)s = 'upstream_failed' THEN c.now END, "
-    "%(origin)s, %(workflow)s, %(token)s, %(spawner)s, %(family)s FROM c RETURNING id"
-)
-# A job made by a running job joins that job's family, counted on the family's first job (its
-# row locked until the transaction ends: two jobs joining at once are counted one after the other).
-FAMILY_OF = "SELECT coalesce(family, id), status FROM nbqueue_jobs WHERE id = %(spawner)s"
-GROW_FAMILY = (
-    "UPDATE nbqueue_jobs SET family_size = family_size + 1 WHERE id = %(family)s AND family_size < %(most)s "
-    "RETURNING family_size"
-)
-FAMILY_SIZE = "SELECT family_size FROM nbqueue_jobs WHERE id = %(family)s"
-# Every job made by these jobs while they ran, and by those, however deep (spawned_by's index).
-MADE_BY = (
-    "WITH RECURSIVE made(id) AS (SELECT unnest(%(ids)s::bigint[]) UNION SELECT j.id FROM made "
-    f"JOIN nbqueue_jobs j ON j.spawned_by = made.id) SELECT id FROM made WHERE NOT id = {IDS}"
-)
-INSERT_EDGE = (
-    "INSERT INTO nbqueue_edges (parent, child) VALUES (%(parent)s, %(child)s) ON CONFLICT DO NOTHING"
-)
-# The children are locked (in id order) before their counts are read: two parents finishing at
-# once queue up on the child, and the second reads the count the first left (read committed
-# re-reads a locked row), so no count-down is lost.
-# A cascade walks the edges from the parents, then each child by its id: the state is tested as
-# `(...) IS TRUE`, which no index answers, so the planner never starts from every blocked job in
-# the state index (its statistics lag a workflow written a moment ago), each level of a chain.
-CHILDREN = "nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child"
-CHILDREN_BLOCKED = (
-    f"SELECT e.parent, c.id, c.wait_when, c.parents_left FROM {CHILDREN} WHERE e.parent = {IDS} "
-    "AND (c.status = 'blocked') IS TRUE ORDER BY c.id, e.parent FOR UPDATE OF c"
-)
-# Children that wait for their parents, or were let go by them and have not started: a parent
-# that comes back (requeue, replay) makes them count afresh. Locked like CHILDREN_BLOCKED.
-CHILDREN_WAITING = (
-    f"SELECT c.id FROM {CHILDREN} WHERE e.parent = {IDS} AND (c.status IN ('blocked', 'pending')) IS TRUE "
-    "ORDER BY c.id FOR UPDATE OF c"
-)
-SET_LEFT = "UPDATE nbqueue_jobs SET parents_left = %(left)s WHERE id = %(id)s AND status = 'blocked'"
-UNBLOCK = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', parents_left = %(left)s, "
-    "run_at = greatest(run_at, c.now), updated_at = c.now FROM c WHERE id = %(id)s AND status = 'blocked' "
-    f"RETURNING {_WAKE}"
-)
-DOOM = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'upstream_failed', parents_left = %(left)s, "
-    "root_cause = %(root)s, error = %(error)s, finished_at = c.now, updated_at = c.now FROM c "
-    "WHERE id = %(id)s AND status = 'blocked' RETURNING has_children"
-)
-WAITS_FOR = "SELECT wait_when FROM nbqueue_jobs WHERE id = %(id)s"
-# A re-armed job's parents are held (shared) while it is settled: a parent finishing meanwhile
-# either commits first (and is read finished) or waits, then sees the job blocked and counts down.
-PARENTS_OF = (
-    "SELECT p.id, p.status, p.root_cause FROM nbqueue_edges e JOIN nbqueue_jobs p ON p.id = e.parent "
-    "WHERE e.child = %(id)s ORDER BY p.id FOR SHARE OF p"
-)
-SETTLE = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = %(status)s, parents_left = %(left)s, "
-    "root_cause = %(root)s, error = coalesce(%(error)s, error), "
-    "finished_at = CASE WHEN %(status)s = 'upstream_failed' THEN c.now END, updated_at = c.now FROM c "
-    f"WHERE id = %(id)s RETURNING {_WAKE}"
-)
-DOOMED_BY = (
-    f"SELECT c.id FROM {CHILDREN} WHERE e.parent = {IDS} AND (c.status = 'upstream_failed') IS TRUE "
-    "AND c.root_cause = %(root)s"
-)
-REARM = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, "
-    "finished_at = NULL, "
-    "updated_at = c.now FROM c WHERE id = %(id)s AND status = 'upstream_failed'"
-)
-EDGES_OF = (
-    f"SELECT parent, child FROM nbqueue_edges WHERE child = {IDS} OR parent = {IDS} ORDER BY child, parent"
-)
-IN_WORKFLOW = "SELECT id FROM nbqueue_jobs WHERE workflow = %(workflow)s ORDER BY id"
-STEP_VALUES = "SELECT name, value FROM nbqueue_steps WHERE job_id = %(id)s AND error IS NULL"
-# A step is recorded only under the caller's live lease: a stale worker records nothing. A value
-# recorded first stays (a parallel twin gets it); a failure is replaced by the next run's outcome.
-RECORD_STEP = (
-    f"WITH {CLOCK} INSERT INTO nbqueue_steps (job_id, name, value, error, attempt, started_at, finished_at) "
-    "SELECT %(id)s, %(name)s, %(value)s, %(error)s, %(attempt)s, %(started)s, c.now FROM nbqueue_jobs, c "
-    f"WHERE {LIVE_CLAIM} AND lease_until > c.now ON CONFLICT (job_id, name) DO UPDATE SET "
-    "value = excluded.value, error = excluded.error, attempt = excluded.attempt, "
-    "started_at = excluded.started_at, finished_at = excluded.finished_at "
-    "WHERE nbqueue_steps.error IS NOT NULL RETURNING 1"
-)
-STILL_CLAIMED = f"SELECT 1 FROM nbqueue_jobs WHERE {LIVE_CLAIM}"
-STEP_OF = "SELECT value FROM nbqueue_steps WHERE job_id = %(id)s AND name = %(name)s AND error IS NULL"
-STEPS = (
-    "SELECT name, value, error, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = %(id)s "
-    "ORDER BY finished_at, name"
-)
-STEP_PREVIEWS = (
-    "SELECT name, left(value, %(chars)s), error, attempt, started_at, finished_at "
-    "FROM nbqueue_steps WHERE job_id = %(id)s ORDER BY finished_at, name"
-)
-FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = %(id)s AND finished_at >= %(since)s RETURNING 1"
-# A file is written (or replaced) only under the caller's live lease: a stale worker writes nothing.
-SAVE_FILE = (
-    f"WITH {CLOCK} INSERT INTO nbqueue_files (job_id, name, content, attempt, updated_at) "
-    "SELECT %(id)s, %(name)s, %(content)s, %(attempt)s, c.now FROM nbqueue_jobs, c "
-    f"WHERE {LIVE_CLAIM} AND lease_until > c.now ON CONFLICT (job_id, name) DO UPDATE SET "
-    "content = excluded.content, attempt = excluded.attempt, updated_at = excluded.updated_at RETURNING 1"
-)
-# After a lost reply: is the file there as that write left it?
-FILE_SAVED = (
-    "SELECT 1 FROM nbqueue_files WHERE job_id = %(id)s AND name = %(name)s AND attempt = %(attempt)s "
-    "AND content = %(content)s"
-)
-LOAD_FILE = "SELECT content FROM nbqueue_files WHERE job_id = %(id)s AND name = %(name)s"
-# Schedules kept in the database (notebook schedules): any worker allowed to run them keeps them.
-SAVE_SCHEDULE = (
-    f"INSERT INTO nbqueue_schedules VALUES (%(name)s, %(task)s, %(payload)s, %(spec)s, %(options)s, "
-    f"%(signature)s, {NOW}) ON CONFLICT (name) DO UPDATE SET task = excluded.task, "
-    "payload = excluded.payload, spec = excluded.spec, options = excluded.options, "
-    "signature = excluded.signature, updated_at = excluded.updated_at"
-)
-SCHEDULES = "SELECT name, task, payload, spec, options, signature FROM nbqueue_schedules ORDER BY name"
-DELETE_SCHEDULE = (
-    "WITH slot AS (DELETE FROM nbqueue_periodic WHERE name = 'schedule:' || %(name)s) "
-    "DELETE FROM nbqueue_schedules WHERE name = %(name)s RETURNING 1"
-)
-SCHEDULE_GONE = "SELECT NOT EXISTS (SELECT 1 FROM nbqueue_schedules WHERE name = %(name)s)"
-# A finished job's pinned input replaced (requeue with the current notebook), re-signed with it.
-REPIN = (
-    "UPDATE nbqueue_jobs SET payload = %(payload)s, signature = %(signature)s WHERE id = %(id)s "
-    "AND payload = %(old)s AND status IN ('dead', 'cancelled') RETURNING 1"
-)
-REPINNED = "SELECT payload = %(payload)s FROM nbqueue_jobs WHERE id = %(id)s"
-FILE_NAMES = f"SELECT job_id, name FROM nbqueue_files WHERE job_id = {IDS} ORDER BY job_id, name"
 # A job with children finishes in a transaction that also resolves them (storage/cascade.py):
 # the one-statement paths below leave it alone (`has_children = 0`), and the storage then
 # takes the transactional path (the *_LINKED statements).
@@ -513,8 +371,6 @@ COMPLETE_MANY_THEN_CLAIM_FROM_QUEUES = _complete_many_then_claim(NAMED_QUEUES)
 COMPLETE_MANY_THEN_CLAIM_FROM_ANY_QUEUE = _complete_many_then_claim(EVERY_WAITING_QUEUE)
 HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
 HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
-LIMITED_WAITING_IN_QUEUES = _limited_waiting(NAMED_QUEUES)
-LIMITED_WAITING_IN_ANY_QUEUE = _limited_waiting(EVERY_WAITING_QUEUE)
 # The job a claim under limits chose, if it is still claimable and no other claim holds it.
 TAKE_ID = f"WITH {CLOCK} " + _take(
     f"(SELECT id FROM nbqueue_jobs WHERE id = %(chosen)s AND {CLAIMABLE_SQL} FOR UPDATE SKIP LOCKED)"
@@ -533,31 +389,19 @@ IN_FLIGHT = (
     "SELECT held.key, sum(held.value::bigint) FROM nbqueue_jobs, jsonb_each_text(limits::jsonb) AS held "
     "WHERE status = 'running' AND limits IS NOT NULL AND held.key = ANY(%(keys)s::text[]) GROUP BY held.key"
 )
-SET_TAT = "UPDATE nbqueue_limits SET tat = %(tat)s WHERE key = %(key)s"
-DEFINE_LIMIT = (
+_DEFINE_LIMIT = (
     f"WITH {CLOCK} INSERT INTO nbqueue_limits (key, concurrency, rate, burst, updated_at) "
     "SELECT %(key)s, %(concurrency)s, %(rate)s, %(burst)s, now FROM c ON CONFLICT (key) DO UPDATE SET "
     "concurrency = excluded.concurrency, rate = excluded.rate, burst = excluded.burst, "
     "updated_at = excluded.updated_at"
 )
-PAUSE = (
-    f"WITH {CLOCK} INSERT INTO nbqueue_limits (key, paused_until, paused_why, updated_at) "
-    "SELECT key, c.now + %(delay)s, %(why)s, c.now FROM c, unnest(%(keys)s::text[]) AS key "
-    "ON CONFLICT (key) DO UPDATE SET "
-    "paused_until = greatest(nbqueue_limits.paused_until, excluded.paused_until), "
-    "paused_why = excluded.paused_why, updated_at = excluded.updated_at"
-)
-RESUME = (
-    f"WITH {CLOCK} UPDATE nbqueue_limits SET paused_until = NULL, paused_why = NULL, updated_at = c.now "
-    "FROM c WHERE key = %(key)s RETURNING 1"
-)
-LIMITS = (
+_LIMITS = (
     "SELECT key, concurrency, rate, burst, tat, paused_until, paused_why, "
     "(SELECT coalesce(sum(held.value::bigint), 0) FROM nbqueue_jobs, jsonb_each_text(limits::jsonb) AS held "
     "WHERE status = 'running' AND limits IS NOT NULL AND held.key = nbqueue_limits.key) "
     "FROM nbqueue_limits ORDER BY key"
 )
-WAITING_PER_KEY = (
+_WAITING_PER_KEY = (
     "SELECT held.key, count(*) FROM nbqueue_jobs, jsonb_each_text(limits::jsonb) AS held "
     f"WHERE {NO_LIMITS_NO_SCAN} AND {CLAIMABLE_SQL} AND gate > '' GROUP BY held.key"
 )
@@ -570,136 +414,31 @@ COMPLETED_MANY = (
     "SELECT j.id FROM nbqueue_jobs AS j, unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS d(id, attempt) "
     "WHERE j.id = d.id AND j.attempts = d.attempt AND j.status = 'completed'"
 )
-NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)
-NEXT_DUE_IN_ANY_QUEUE = _next_due(EVERY_WAITING_QUEUE)
 
-_NEW_COLUMNS = (
-    "queue, task, payload, priority, key, max_retries, delay_us, run_at_us, timeout, backoff, signature, "
-    "limits, gate"
-)
+# Each new job's values as arrays, by NEW_COLUMNS (with the times: run_at_us or delay_us), typed.
+_TYPES = {
+    "priority": "bigint",
+    "max_retries": "int",
+    "timeout": "float8",
+    "run_at_us": "bigint",
+    "delay_us": "bigint",
+}
+NEW_FIELDS = (*NEW_COLUMNS, "run_at_us", "delay_us")
+_ARRAYS = ", ".join(f"%({c})s::{_TYPES.get(c, 'text')}[]" for c in NEW_FIELDS)
 # All rows in one INSERT ... SELECT FROM unnest: atomic, one round trip. A row whose key an
 # unfinished job holds is skipped (the caller then reads that job's id).
 INSERT = (
-    f"WITH {CLOCK}, new AS (SELECT * FROM unnest(%(queue)s::text[], %(task)s::text[], "
-    "%(payload)s::text[], %(priority)s::bigint[], %(key)s::text[], %(max_retries)s::int[], "
-    "%(delay_us)s::bigint[], %(run_at_us)s::bigint[], %(timeout)s::float8[], %(backoff)s::text[], "
-    "%(signature)s::text[], %(limits)s::text[], %(gate)s::text[]) "
-    f"WITH ORDINALITY AS r({_NEW_COLUMNS}, n)), "
-    "ins AS (INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, "
-    "created_at, updated_at, timeout, backoff, signature, limits, gate, enqueue_token) SELECT 'pending', "
-    "queue, task, payload, priority, key, max_retries, coalesce(run_at_us, c.now + delay_us), c.now, c.now, "
-    "timeout, backoff, signature, limits, gate, %(token)s FROM new, c ORDER BY n "
+    f"WITH {CLOCK}, new AS (SELECT * FROM unnest({_ARRAYS}) WITH ORDINALITY AS r({', '.join(NEW_FIELDS)}, "
+    "n)), "
+    f"ins AS (INSERT INTO nbqueue_jobs (status, {', '.join(NEW_COLUMNS)}, run_at, created_at, updated_at, "
+    f"enqueue_token) SELECT 'pending', {', '.join(NEW_COLUMNS)}, coalesce(run_at_us, c.now + delay_us), "
+    "c.now, "
+    "c.now, %(token)s FROM new, c ORDER BY n "
     f"ON CONFLICT (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL} DO NOTHING RETURNING id, created_at), "
     "woke AS (SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT 1 FROM ins)) "
     "SELECT id, created_at FROM ins, (SELECT count(*) FROM woke) w ORDER BY id"
 )
-HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = %(key)s AND {UNFINISHED_SQL}"
-
-# After a lost reply: did the write commit? Each reads back what its write leaves behind, with
-# the same parameters; a first value that is true means it did (and is the write's answer).
-INSERTED = "SELECT id, created_at FROM nbqueue_jobs WHERE enqueue_token = %(token)s ORDER BY id"
-CLAIMED = f"{SELECT_JOBS} WHERE status = 'running' AND claim_token = %(token)s"
 COMPLETED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'completed'"
-FAILED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = %(status)s"
-RELEASED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'pending'"
-CANCELLED = "SELECT id FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'cancelled'"
-REQUEUED = (
-    "SELECT id, 0 FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'pending' AND retries = 0"
-)
-PERIODIC_MOVED = "SELECT 1 FROM nbqueue_periodic WHERE name = %(name)s AND last_slot = %(slot)s"
-
-HEARTBEAT = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET lease_until = c.now + coalesce(%(lease)s, lease_us), "
-    f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} AND lease_until > c.now RETURNING lease_until"
-)
-
-
-def _fail(lease_test: str, guard: str = "") -> str:
-    failed = f"(%(status)s = '{State.FAILED.value}')"
-    return (
-        f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = %(status)s, error = %(error)s, output = %(output)s, "
-        f"retries = retries + {failed}::int, "
-        f"run_at = CASE WHEN {failed} THEN c.now + %(delay)s ELSE run_at END, "
-        f"finished_at = CASE WHEN {failed} THEN NULL ELSE c.now END, updated_at = c.now, lease_until = NULL "
-        f"FROM c WHERE {LIVE_CLAIM} AND {lease_test}{guard} RETURNING {_WAKE}, nbqueue_jobs.has_children"
-    )
-
-
-FAIL = _fail("lease_until > c.now", f" AND (has_children = 0 OR %(status)s = '{State.FAILED.value}')")
-FAIL_LINKED = _fail("lease_until > c.now")
-FAIL_EXPIRED = _fail("lease_until <= c.now")
-SNOOZE = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', error = %(error)s, output = %(output)s, "
-    "snoozes = snoozes + 1, run_at = c.now + %(delay)s, lease_until = NULL, worker_id = NULL, "
-    f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} AND lease_until > c.now RETURNING {_WAKE}"
-)
-SNOOZED = "SELECT 1 FROM nbqueue_jobs WHERE id = %(id)s AND attempts = %(attempt)s AND status = 'pending'"
-RELEASE = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, "
-    f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} RETURNING {_WAKE}"
-)
-# A claim undone (its job never started): the attempt it counted, and the record of it, go.
-UNCLAIM = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', attempts = attempts - 1, "
-    "lease_until = NULL, worker_id = NULL, worker_host = NULL, worker_pid = NULL, started_at = NULL, "
-    f"updated_at = c.now FROM c WHERE {LIVE_CLAIM} AND started_at = %(started)s RETURNING {_WAKE}"
-)
-FORGET_ATTEMPT = "DELETE FROM nbqueue_attempts WHERE job_id = %(id)s AND attempt = %(attempt)s"
-REFUSE = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'pending', signature = NULL, error = %(error)s, "
-    f"lease_until = NULL, worker_id = NULL, updated_at = c.now FROM c WHERE {LIVE_CLAIM} RETURNING 1"
-)
-SIGN = (
-    "UPDATE nbqueue_jobs SET signature = %(signature)s WHERE id = %(id)s AND payload = %(payload)s "
-    "AND signature IS NOT DISTINCT FROM %(old)s::text RETURNING 1"
-)
-SIGNED_AS = "SELECT true FROM nbqueue_jobs WHERE id = %(id)s AND signature = %(signature)s"  # a lost reply
-IDENTITY_VALUE = "SELECT value FROM nbqueue_info WHERE name = 'identity'"
-RUNS = "SELECT nonce, job_id, finished_at, result_mac FROM nbqueue_runs WHERE nonce = ANY(%(nonces)s::text[])"
-VOUCH = "UPDATE nbqueue_runs SET result_mac = %(mac)s WHERE nonce = %(nonce)s AND job_id = %(id)s RETURNING 1"
-BURY = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'dead', error = %(error)s, lease_until = NULL, "
-    "finished_at = c.now, updated_at = c.now FROM c WHERE id = %(id)s AND status = 'running' "
-    "RETURNING has_children"
-)
-CANCEL = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET status = 'cancelled', updated_at = c.now, lease_until = NULL, "
-    f"finished_at = c.now FROM c WHERE id = ANY(%(ids)s::bigint[]) AND {CANCELLABLE_SQL} "
-    "RETURNING id, has_children"
-)
-_REQUEUE_SET = (
-    f"WITH {CLOCK}, moved AS (UPDATE nbqueue_jobs SET status = 'pending', updated_at = c.now, retries = 0, "
-    "run_at = c.now, lease_until = NULL, worker_id = NULL, finished_at = NULL FROM c"
-)
-_REQUEUED = f"RETURNING nbqueue_jobs.id) SELECT id, {_WAKE} FROM moved"
-REPLAY = (
-    f"{_REQUEUE_SET} WHERE id = ANY(%(ids)s::bigint[]) AND {REPLAYABLE_SQL} "
-    f"AND {key_is_free('twin.id = ANY(%(ids)s::bigint[])')} {_REQUEUED}"
-)
-REQUEUE_IDS = (
-    f"{_REQUEUE_SET} WHERE id = ANY(%(ids)s::bigint[]) AND {REQUEUEABLE_SQL} "
-    f"AND {key_is_free('twin.id = ANY(%(ids)s::bigint[])')} {_REQUEUED}"
-)
-_EVERY_DEAD = "twin.status = 'dead'"
-REQUEUE_DEAD = f"{_REQUEUE_SET} WHERE status = 'dead' AND {key_is_free(_EVERY_DEAD)} {_REQUEUED}"
-PROGRESS = (
-    f"WITH {CLOCK} UPDATE nbqueue_jobs SET progress_done = %(done)s, progress_total = %(total)s, "
-    f"progress_message = %(message)s, updated_at = c.now FROM c WHERE {LIVE_CLAIM} RETURNING 1"
-)
-
-PERIODIC_SLOT = "SELECT last_slot FROM nbqueue_periodic WHERE name = %(name)s"
-PERIODIC_START = "INSERT INTO nbqueue_periodic VALUES (%(name)s, %(slot)s) ON CONFLICT DO NOTHING RETURNING 1"
-PERIODIC_MOVE = (
-    "UPDATE nbqueue_periodic SET last_slot = %(slot)s WHERE name = %(name)s AND last_slot = %(last)s "
-    "RETURNING 1"
-)
-
-GET = f"{SELECT_JOBS} WHERE id = %(id)s"
-GET_MANY = f"{SELECT_JOBS} WHERE id = ANY(%(ids)s::bigint[])"
-EXPIRED = (
-    f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= {NOW} ORDER BY lease_until LIMIT %(limit)s"
-)
-# A deleted job's steps, files, attempts and edges go with it.
 _FORGET_GONE = (
     "steps AS (DELETE FROM nbqueue_steps WHERE job_id IN (SELECT id FROM gone)), "
     "files AS (DELETE FROM nbqueue_files WHERE job_id IN (SELECT id FROM gone)), "
@@ -707,11 +446,11 @@ _FORGET_GONE = (
     "parents AS (DELETE FROM nbqueue_edges WHERE parent IN (SELECT id FROM gone)), "
     "children AS (DELETE FROM nbqueue_edges WHERE child IN (SELECT id FROM gone))"
 )
-DELETE = (
+_DELETE = (
     "WITH gone AS (DELETE FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) "
-    f"AND {FINISHED_SQL} AND NOT {PARENT_NEEDED} RETURNING id), {_FORGET_GONE} SELECT id FROM gone"
+    f"AND {FINISHED_SQL} AND NOT {PARENT_NEEDED} RETURNING id), {_FORGET_GONE} SELECT count(*) FROM gone"
 )
-PURGE = (
+_PURGE = (
     "WITH gone AS (DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs "
     f"WHERE updated_at < {NOW} - %(age)s AND status = ANY(%(statuses)s::text[]) AND {FINISHED_SQL} "
     f"AND NOT {PARENT_NEEDED} ORDER BY id LIMIT %(limit)s) RETURNING id), {_FORGET_GONE} "
@@ -732,57 +471,55 @@ _COUNTED = (
     "counted AS (SELECT queue, status, n FROM nbqueue_counts "
     "UNION ALL SELECT queue, status, n FROM nbqueue_count_changes)"
 )
-COUNTS = (
+_COUNTS = (
     f"WITH {_COUNTED} SELECT status, sum(n) FROM counted "
     "WHERE (%(queue)s::text IS NULL OR queue = %(queue)s) GROUP BY status"
 )
-QUEUES = f"WITH {_COUNTED} SELECT queue FROM counted GROUP BY queue HAVING sum(n) > 0 ORDER BY queue"
+_QUEUES = f"WITH {_COUNTED} SELECT queue FROM counted GROUP BY queue HAVING sum(n) > 0 ORDER BY queue"
 TIDY = f"WITH {_FOLD} SELECT count(*) FROM sums"
-TASK_NAMES = (
-    "SELECT DISTINCT task FROM nbqueue_jobs WHERE task IS NOT NULL AND status = ANY(%(statuses)s::text[]) "
-    "AND (signature IS NOT NULL OR NOT %(signed)s) ORDER BY task"
-)
-
-# A page of jobs, newest first: one statement per filter, so each can use its index.
-_STATUS_IN = "status = ANY(%(statuses)s::text[])"
-_PAGE = "ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s"
-_WHERE = {
-    (False, False): "",
-    (True, False): f"WHERE {_STATUS_IN}",
-    (False, True): "WHERE queue = %(queue)s",
-    (True, True): f"WHERE {_STATUS_IN} AND queue = %(queue)s",
-}
-#: (by status, by queue, brief) -> statement
-ROWS = {
-    (*filters, brief): f"{SELECT_BRIEF if brief else SELECT_JOBS} {where} {_PAGE}"
-    for filters, where in _WHERE.items()
-    for brief in (False, True)
-}
-
 SERVER_TIME = f"SELECT {SERVER_NOW}"
-WAKE = "SELECT pg_notify(%(channel)s, '')"
 
-# -- attempts --------------------------------------------------------------------------------
-
-ATTEMPTS = (
-    "SELECT attempt, started_at, finished_at, worker_id, host, pid, outcome, error FROM nbqueue_attempts "
-    "WHERE job_id = %(id)s ORDER BY attempt"
+DIALECT = Dialect(
+    name="postgres",
+    param="%({0})s",
+    typed=True,
+    lists={"IN": "= ANY({0}::{1}[])", "NOT IN": "<> ALL({0}::{1}[])", "EACH": "unnest({0}::{1}[]) AS value"},
+    now=NOW,
+    # Wakes the queue's listening workers when the transaction commits (once, however often).
+    wake=", (SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '') WHERE %(wake)s) n)",
+    same="IS NOT DISTINCT FROM",
+    greatest="greatest",
+    tail_error=f"right(error, {BRIEF_ERROR})",
+    ordered_join="JOIN",
+    spawned_index="",
+    # Other writers run at once: a cascade's children are locked (in id order) before their counts
+    # are read (read committed re-reads a locked row), and a re-armed job's parents are held.
+    lock_children=" FOR UPDATE OF c",
+    lock_parents=" FOR SHARE OF p",
+    # `(...) IS TRUE`, which no index answers: the planner never starts a cascade from every blocked
+    # job in the state index (its statistics lag a workflow written a moment ago).
+    unindexed="({}) IS TRUE",
 )
-# Attempts that ended since then, per minute: read by the finished_at index only.
-ACTIVITY = (
-    "SELECT finished_at / 60000000, sum(CASE WHEN outcome = 'completed' THEN 1 ELSE 0 END), "
-    f"sum(CASE WHEN {FAILED_OUTCOMES_SQL} THEN 1 ELSE 0 END) FROM nbqueue_attempts "
-    "WHERE finished_at >= %(since)s AND finished_at IS NOT NULL GROUP BY 1"
-)
-FAILURES = (
-    f"SELECT job_id, count(*) FROM nbqueue_attempts WHERE job_id = {IDS} AND {FAILED_OUTCOMES_SQL} "
-    "GROUP BY job_id"
-)
-# The running jobs a host's workers claimed (with the claiming process): recovered when it is gone.
-RUNNING_ON = (
-    f"SELECT {', '.join(COLUMNS)}, worker_pid FROM nbqueue_jobs "
-    "WHERE status = 'running' AND worker_host = %(host)s"
-)
-CLAIMS = (
-    f"SELECT id, status, worker_host, worker_pid, lease_until, lease_us FROM nbqueue_jobs WHERE id = {IDS}"
+SQL = build(
+    DIALECT,
+    Written(
+        COUNTS=_COUNTS,
+        QUEUES=_QUEUES,
+        DELETE=_DELETE,
+        PURGE=_PURGE,
+        DEFINE_LIMIT=_DEFINE_LIMIT,
+        LIMITS=_LIMITS,
+        WAITING_PER_KEY=_WAITING_PER_KEY,
+        LIMITED_WAITING_IN_QUEUES=_limited_waiting(NAMED_QUEUES),
+        LIMITED_WAITING_IN_ANY_QUEUE=_limited_waiting(EVERY_WAITING_QUEUE),
+        NEXT_DUE_IN_QUEUES=_next_due(NAMED_QUEUES),
+        NEXT_DUE_IN_ANY_QUEUE=_next_due(EVERY_WAITING_QUEUE),
+        CLAIM_FROM_QUEUES=CLAIM_FROM_QUEUES,
+        CLAIM_FROM_ANY_QUEUE=CLAIM_FROM_ANY_QUEUE,
+        HEADS_IN_QUEUES=HEADS_IN_QUEUES,
+        HEADS_IN_ANY_QUEUE=HEADS_IN_ANY_QUEUE,
+        LOCK_KEYS=LOCK_KEYS,
+        IN_FLIGHT=IN_FLIGHT,
+        TAKE_ID=TAKE_ID,
+    ),
 )

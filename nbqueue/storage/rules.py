@@ -72,14 +72,22 @@ CLAIM_ORDER = "priority DESC, run_at, id"
 FAILED_OUTCOMES = ("failed", "dead", "timeout", "lost")
 FAILED_OUTCOMES_SQL = f"outcome IN ({', '.join(repr(o) for o in FAILED_OUTCOMES)})"
 #: How the job's new row names the attempt that just ended (in a trigger: `old` and `new` are the
-#: job's row before and after). A lost claim (lease expired, worker process gone) and a timeout
-#: are told by the error text the manager writes (policy.LEASE_EXPIRED, policy.worker_gone, the
-#: worker's "timed out after ..."); otherwise the state it moved to says it.
+#: job's row before and after), as of schema version 8 (history: the version 11 triggers replace
+#: it). A lost claim and a timeout were told by the error text the manager wrote
+#: (policy.LEASE_EXPIRED, policy.worker_gone, the worker's "timed out after ...").
 ATTEMPT_OUTCOME_SQL = (
     "CASE WHEN new.status = 'completed' THEN 'completed' WHEN new.status = 'cancelled' THEN 'cancelled' "
     "WHEN new.status = 'pending' THEN CASE WHEN new.snoozes > old.snoozes THEN 'snoozed' ELSE 'released' END "
     "WHEN new.error LIKE 'lease expired%' OR new.error LIKE 'lost: %' THEN 'lost' "
     "WHEN new.error LIKE 'timed out%' THEN 'timeout' "
+    "WHEN new.status = 'dead' THEN 'dead' ELSE 'failed' END"
+)
+#: As of version 11: a failure that says more than its state (lost, timeout) is stored as a value
+#: by the write that ends the attempt (`failed_as`); otherwise the state it moved to says it.
+ATTEMPT_OUTCOME_V11_SQL = (
+    "CASE WHEN new.status = 'completed' THEN 'completed' WHEN new.status = 'cancelled' THEN 'cancelled' "
+    "WHEN new.status = 'pending' THEN CASE WHEN new.snoozes > old.snoozes THEN 'snoozed' ELSE 'released' END "
+    "WHEN new.failed_as IS NOT NULL THEN new.failed_as "
     "WHEN new.status = 'dead' THEN 'dead' ELSE 'failed' END"
 )
 #: The error an ended attempt keeps (the job's, already capped; none for a success or a hand-back).

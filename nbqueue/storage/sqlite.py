@@ -1,9 +1,10 @@
 """SQLite storage: one file in WAL mode; a connection per thread for reading and one for all
 writes, in BEGIN IMMEDIATE transactions.
 
-The statements are in `sqlite_queries`; this module runs them: connections,
-transactions, waiting out lock contention, migrations, and turning sqlite3's
-errors into nbqueue's.
+The queue verbs are `storage.sql`'s, over the statements in `sqlite_queries`; this
+module keeps what only SQLite does: connections, transactions, waiting out lock
+contention, claims in BEGIN IMMEDIATE, polling for other processes' commits,
+migrations, and turning sqlite3's errors into nbqueue's.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import operator
 import os
 import sqlite3
 import stat
@@ -34,23 +36,13 @@ from ..errors import (
     SchemaTooNew,
     StorageError,
 )
-from ..jobs import State
-from ..options import held_keys
-from . import (
-    ClaimRequest,
-    Completion,
-    Decide,
-    Filter,
-    Inserted,
-    NewJob,
-    Row,
-    StepRecord,
-    StoredSchedule,
-    cascade,
-    claim_order,
-)
+from ..jobs import COLUMNS, State
+from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order
 from . import sqlite_queries as sql
-from .rules import PENDING_PER_TASK
+from .sql import SqlStorage
+from .statements import NEW_COLUMNS, Params, Tx
+
+_new_values = operator.attrgetter(*NEW_COLUMNS)
 
 # A new file's page size. Every commit writes each page it touched to the WAL, and a job's
 # write touches five or so (its row, the claim and state indexes, the counts, the id sequence):
@@ -118,6 +110,11 @@ def _ids(values: Sequence[int] | Sequence[str] | None) -> str | None:
     return None if values is None else json.dumps(list(values))
 
 
+def _bind(params: Params) -> Params:
+    """Parameters as sqlite3 takes them: each list as a JSON array."""
+    return {k: json.dumps(v) if isinstance(v, list) else v for k, v in params.items()}
+
+
 def _owner_only(path: str) -> None:
     """A queue file (or its -wal/-shm) that anyone may write, found already there, is made 0600
     with a warning: nbqueue makes its files 0600, so such a file was planted or loosened by hand.
@@ -142,11 +139,11 @@ def _owner_only(path: str) -> None:
         log.warning("%s was writable by anyone (mode %o): made owner-only (0600)", name, loose)
 
 
-class SQLiteStorage:
+class SQLiteStorage(SqlStorage):
     """Jobs in one SQLite file; safe from many threads and processes."""
 
+    sql = sql.SQL
     server_clock = False
-    batch_claims = 16
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "normal") -> None:
         path = os.fspath(path)
@@ -157,7 +154,7 @@ class SQLiteStorage:
             )
         if synchronous not in ("normal", "full"):
             raise InvalidArgument(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
-        self.path = str(Path(path).expanduser().resolve())
+        self.path = self._where = str(Path(path).expanduser().resolve())
         self.synchronous = synchronous
         self._local = threading.local()  # each thread's connection for reading
         self._writer: tuple[sqlite3.Connection, threading.RLock] | None = None  # see _write_conn
@@ -289,16 +286,23 @@ class SQLiteStorage:
 
         return self._retrying(run, writing=True)
 
-    def _change(self, statement: str, params: dict[str, Any]) -> int:
-        """One write statement; the number of rows it changed."""
-        return self._write(lambda conn: conn.execute(statement, params).rowcount)
+    def _change(self, statement: str, params: Params, lost: str | None = None) -> list[Row]:
+        return self._write(lambda conn: conn.execute(statement, _bind(params)).fetchall())
 
-    def _changed_ids(self, statement: str, params: dict[str, Any]) -> list[int]:
-        """One write statement that returns ids; the ids, sorted."""
-        return sorted(r[0] for r in self._write(lambda conn: conn.execute(statement, params).fetchall()))
+    def _read(self, statement: str, params: Params | None = None) -> list[Row]:
+        return self._retrying(lambda conn: conn.execute(statement, _bind(params or {})).fetchall())
 
-    def _read(self, statement: str, params: dict[str, Any] | None = None) -> list[Any]:
-        return self._retrying(lambda conn: conn.execute(statement, params or {}).fetchall())
+    def _transaction(self, work: Callable[[Tx], T], committed: Callable[[], T | None] | None = None) -> T:
+        return self._write(lambda conn: work(_tx(conn)))
+
+    def _filter(self, where: Filter) -> Params:
+        return _filter_params(where)
+
+    def _wake_here(self) -> None:
+        self.notify()
+
+    def _insert_in(self, tx: Tx, job: NewJob, now: int | None) -> None:
+        tx.raw.execute(sql.INSERT, _insert_row(job, _stamp(now)))
 
     # -- schema ----------------------------------------------------------------
 
@@ -356,7 +360,9 @@ class SQLiteStorage:
                 return [(i, True, now) for i in range(last - len(rows) + 1, last + 1)]
             out: list[Inserted] = []
             for job, row in zip(jobs, rows, strict=True):
-                held = None if job.key is None else conn.execute(sql.HELD_KEY, {"key": job.key}).fetchone()
+                held = (
+                    None if job.key is None else conn.execute(sql.SQL.HELD_KEY, {"key": job.key}).fetchone()
+                )
                 if held:
                     out.append((held[0], False, None))
                 else:
@@ -367,194 +373,6 @@ class SQLiteStorage:
         self.notify()
         return ids
 
-    def insert_linked(
-        self,
-        count: int,
-        make: Callable[[int, list[int], int | None], NewJob],
-        workflow: str | None,
-        now: int | None,
-    ) -> list[tuple[int, bool]]:
-        now = _stamp(now)
-
-        def work(conn: sqlite3.Connection) -> list[tuple[int, bool]]:
-            run = _runner(conn)
-            wf = None if workflow is None else int(run("NEW_WORKFLOW", {"name": workflow, "now": now})[0][0])
-            made: list[tuple[int, bool]] = []
-            for i in range(count):
-                made.append(cascade.link(run, make(i, [job_id for job_id, _ in made], wf), now))
-            return made
-
-        made = self._write(work)
-        self.notify()
-        return made
-
-    def edges(self, job_ids: Sequence[int]) -> list[Row]:
-        return self._read(sql.EDGES_OF, {"ids": _ids(job_ids)})
-
-    def workflow_jobs(self, workflow: int) -> list[int]:
-        return [int(r[0]) for r in self._read(sql.IN_WORKFLOW, {"workflow": workflow})]
-
-    def step_values(self, job_id: int) -> dict[str, str]:
-        return {str(name): str(value) for name, value in self._read(sql.STEP_VALUES, {"id": job_id})}
-
-    def record_step(self, step: StepRecord, now: int | None) -> str | None:
-        params = step.params()
-
-        def work(conn: sqlite3.Connection) -> str | None:
-            if conn.execute(sql.RECORD_STEP, {**params, "now": _stamp(now)}).rowcount != 1:
-                held = conn.execute(sql.STEP_OF, params).fetchone()  # recorded before (a parallel twin)?
-                live = conn.execute(sql.STILL_CLAIMED, params).fetchone()
-                return str(held[0]) if held and live else None
-            return step.value
-
-        return self._write(work)
-
-    def steps(self, job_id: int) -> list[Row]:
-        return self._read(sql.STEPS, {"id": job_id})
-
-    def step_previews(self, job_id: int, chars: int) -> list[Row]:
-        return self._read(sql.STEP_PREVIEWS, {"id": job_id, "chars": chars})
-
-    def forget_steps(self, job_id: int, since: int) -> int:
-        return self._change(sql.FORGET_STEPS, {"id": job_id, "since": since})
-
-    def save_file(self, job_id: int, attempt: int, name: str, content: str, now: int | None) -> bool:
-        params = {"id": job_id, "attempt": attempt, "name": name, "content": content, "now": _stamp(now)}
-        return self._change(sql.SAVE_FILE, params) == 1
-
-    def save_schedule(self, schedule: StoredSchedule, now: int | None) -> None:
-        self._change(sql.SAVE_SCHEDULE, {**schedule._asdict(), "now": _stamp(now)})
-
-    def schedules(self) -> list[StoredSchedule]:
-        return [StoredSchedule(*row) for row in self._read(sql.SCHEDULES)]
-
-    def delete_schedule(self, name: str) -> bool:
-        def work(conn: sqlite3.Connection) -> bool:
-            conn.execute(sql.FORGET_SLOT, {"name": name})
-            return conn.execute(sql.DELETE_SCHEDULE, {"name": name}).rowcount == 1
-
-        return self._write(work)
-
-    def repin(self, job_id: int, old: str, payload: str, signature: str | None) -> bool:
-        params = {"id": job_id, "old": old, "payload": payload, "signature": signature}
-        return self._change(sql.REPIN, params) == 1
-
-    def load_file(self, job_id: int, name: str) -> str | None:
-        rows = self._read(sql.LOAD_FILE, {"id": job_id, "name": name})
-        return str(rows[0][0]) if rows else None
-
-    def file_names(self, job_ids: Sequence[int]) -> dict[int, list[str]]:
-        return _names_by_job(self._read(sql.FILE_NAMES, {"ids": _ids(job_ids)}))
-
-    def replay(self, job_id: int, since: int, now: int | None) -> bool:
-        now = _stamp(now)
-
-        def work(conn: sqlite3.Connection) -> bool:
-            if not conn.execute(sql.REPLAY, {"ids": _ids([job_id]), "now": now}).fetchall():
-                return False
-            conn.execute(sql.FORGET_STEPS, {"id": job_id, "since": since})
-            cascade.rearm(_runner(conn), [job_id], now)
-            return True
-
-        moved = self._write(work)
-        if moved:
-            self.notify()
-        return moved
-
-    def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
-        now = _stamp(now)
-        return self._write(lambda conn: _claim(conn, request, now))
-
-    def limited_waiting(self, where: Filter) -> bool:
-        if where.matches_nothing:
-            return False
-        statement = (
-            sql.LIMITED_WAITING_IN_ANY_QUEUE if where.queues is None else sql.LIMITED_WAITING_IN_QUEUES
-        )
-        return bool(self._read(statement, _filter_params(where))[0][0])
-
-    def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
-        now = _stamp(now)
-        where, worker_id, lease_us, host, pid = request
-        if where.matches_nothing:
-            return None
-        statement = sql.HEADS_IN_ANY_QUEUE if where.queues is None else sql.HEADS_IN_QUEUES
-
-        def work(conn: sqlite3.Connection) -> Row | None:  # BEGIN IMMEDIATE: the keys are ours
-            heads = conn.execute(statement, {**_filter_params(where), "now": now}).fetchall()
-            keys = _ids(sorted({key for _, held in heads for key in held_keys(held)}))
-            states = conn.execute(sql.LIMIT_STATES, {"keys": keys}).fetchall() if keys else []
-            running = conn.execute(sql.IN_FLIGHT, {"keys": keys}).fetchall() if keys else []
-            choice = decide([(int(i), held) for i, held in heads], states, running, now)
-            if choice is None:
-                return None
-            job_id, tats = choice
-            row: Row | None = conn.execute(
-                sql.TAKE_ID,
-                {"id": job_id, "worker": worker_id, "lease": lease_us, "now": now, "host": host, "pid": pid},
-            ).fetchone()
-            for key, tat in tats.items():
-                conn.execute(sql.SET_TAT, {"key": key, "tat": tat})
-            return row
-
-        return self._write(work)
-
-    def define_limit(self, key: str, concurrency: int | None, rate: float | None, burst: float) -> None:
-        params = {"key": key, "concurrency": concurrency, "rate": rate, "burst": burst, "now": _stamp(None)}
-        self._change(sql.DEFINE_LIMIT, params)
-        self.notify()
-
-    def pause(self, keys: Sequence[str], until_us: int, why: str, now: int | None) -> None:
-        now = _stamp(now)
-        self._write(
-            lambda conn: conn.executemany(
-                sql.PAUSE, [{"key": k, "until": until_us, "why": why, "now": now} for k in keys]
-            )
-        )
-
-    def resume(self, key: str, now: int | None) -> bool:
-        resumed = self._change(sql.RESUME, {"key": key, "now": _stamp(now)}) == 1
-        self.notify()
-        return resumed
-
-    def limits(self) -> tuple[list[Row], list[Row], int]:
-        return self._read(sql.LIMITS), self._read(sql.WAITING_PER_KEY), _stamp(None)
-
-    def snooze(
-        self,
-        job_id: int,
-        attempt: int,
-        delay_us: int,
-        note: str,
-        output: str | None,
-        pause: Sequence[str],
-        now: int | None,
-    ) -> bool:
-        now = _stamp(now)
-        params = {
-            "id": job_id,
-            "attempt": attempt,
-            "delay": delay_us,
-            "error": note,
-            "output": output,
-            "now": now,
-        }
-
-        def work(conn: sqlite3.Connection) -> bool:
-            if conn.execute(sql.SNOOZE, params).rowcount != 1:
-                return False
-            conn.executemany(
-                sql.PAUSE, [{"key": k, "until": now + delay_us, "why": note, "now": now} for k in pause]
-            )
-            return True
-
-        return self._write(work)
-
-    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
-        params = {"id": job_id, "attempt": attempt, "lease": lease_us, "now": _stamp(now)}
-        row = self._write(lambda conn: conn.execute(sql.HEARTBEAT, params).fetchone())
-        return None if row is None else int(row[0])
-
     def finish_batch(
         self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, now: int | None
     ) -> tuple[list[bool], list[Row]]:
@@ -564,242 +382,23 @@ class SQLiteStorage:
         def work(conn: sqlite3.Connection) -> tuple[list[bool], list[Row]]:
             flags = _complete_all(conn, done, now, linked)
             # The next claims ride in the same commit.
-            first = None if then_claim is None or not claims else _claim(conn, then_claim, now)
-            if first is None or then_claim is None:
+            if then_claim is None or not claims or then_claim.where.matches_nothing:
                 return flags, []
-            return flags, [first, *_claim_more(conn, then_claim, now, first, claims - 1)]
+            where, params = then_claim.where, {**self._claim_params(then_claim), "now": now}
+            first = _claim(conn, where, params)
+            more = [] if first is None else _claim_more(conn, where, params, first, claims - 1)
+            return flags, [] if first is None else [first, *more]
 
         outcome = self._write(work)
         if linked:  # children they let go may be due now
             self.notify()
         return outcome
 
-    def fail(
-        self,
-        job_id: int,
-        attempt: int,
-        error: str,
-        output: str | None,
-        status: State,
-        delay_us: int,
-        now: int | None,
-        expired: bool = False,
-    ) -> bool:
-        params = {
-            "id": job_id,
-            "attempt": attempt,
-            "status": status.value,
-            "error": error,
-            "output": output,
-            "delay": delay_us,
-            "now": _stamp(now),
-        }
-        statement = sql.FAIL_EXPIRED if expired else sql.FAIL
-        moment = _stamp(now)
-
-        linked: list[bool] = []
-
-        def work(conn: sqlite3.Connection) -> bool:
-            row = conn.execute(statement, params).fetchone()
-            if row is not None and row[0] and status is State.DEAD:
-                linked.append(True)
-                cascade.resolve(_runner(conn), [(job_id, State.DEAD, None)], moment)
-            return row is not None
-
-        changed = self._write(work)
-        if changed and (status is State.FAILED or linked):
-            self.notify()
-        return changed
-
-    def release(self, job_id: int, attempt: int, now: int | None) -> bool:
-        changed = self._change(sql.RELEASE, {"id": job_id, "attempt": attempt, "now": _stamp(now)}) == 1
-        if changed:
-            self.notify()
-        return changed
-
-    def unclaim(self, job_id: int, attempt: int, started_at: int, now: int | None) -> bool:
-        params = {"id": job_id, "attempt": attempt, "started": started_at, "now": _stamp(now)}
-
-        def work(conn: sqlite3.Connection) -> bool:
-            if conn.execute(sql.UNCLAIM, params).rowcount != 1:
-                return False
-            conn.execute(sql.FORGET_ATTEMPT, params)
-            return True
-
-        undone = self._write(work)
-        if undone:
-            self.notify()
-        return undone
-
-    def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
-        changed = self._change(
-            sql.REFUSE, {"id": job_id, "attempt": attempt, "error": error, "now": _stamp(now)}
-        )
-        return changed == 1
-
-    def sign(self, job_id: int, payload: str, signature: str, old: str | None) -> bool:
-        params = {"id": job_id, "payload": payload, "signature": signature, "old": old}
-        return self._change(sql.SIGN, params) == 1
-
-    def identity(self) -> str:
-        rows = self._read(sql.IDENTITY_VALUE)
-        if not rows:
-            raise StorageError(f"{self.path}: the queue's identity row (nbqueue_info) is missing")
-        return str(rows[0][0])
-
-    def runs(self, nonces: Sequence[str]) -> dict[str, Row]:
-        return {str(r[0]): tuple(r) for r in self._read(sql.RUNS, {"nonces": _ids(nonces)})}
-
-    def vouch(self, nonce: str, job_id: int, mac: str) -> bool:
-        return self._change(sql.VOUCH, {"nonce": nonce, "id": job_id, "mac": mac}) == 1
-
-    def bury(self, job_id: int, error: str, now: int | None) -> bool:
-        now = _stamp(now)
-
-        def work(conn: sqlite3.Connection) -> bool:
-            row = conn.execute(sql.BURY, {"id": job_id, "error": error, "now": now}).fetchone()
-            if row is not None and row[0]:
-                cascade.resolve(_runner(conn), [(job_id, State.DEAD, None)], now)
-            return row is not None
-
-        buried = self._write(work)
-        self.notify()  # (an all_done child may be due now)
-        return buried
-
-    def cancel(self, job_ids: Sequence[int], now: int | None) -> list[int]:
-        now = _stamp(now)
-
-        def work(conn: sqlite3.Connection) -> list[int]:
-            return cascade.cancel(_runner(conn), job_ids, now)
-
-        cancelled = self._write(work)
-        self.notify()  # (an all_done child may be due now)
-        return cancelled
-
-    def requeue(self, job_ids: Sequence[int] | None, now: int | None) -> list[int]:
-        now = _stamp(now)
-        statement = sql.REQUEUE_DEAD if job_ids is None else sql.REQUEUE_IDS
-        params = {"now": now} if job_ids is None else {"ids": _ids(job_ids), "now": now}
-
-        def work(conn: sqlite3.Connection) -> list[int]:
-            moved = sorted(int(r[0]) for r in conn.execute(statement, params).fetchall())
-            if moved:  # the graph comes back with them, in the same transaction
-                cascade.rearm(_runner(conn), moved, now)
-            return moved
-
-        moved = self._write(work)
-        if moved:
-            self.notify()
-        return moved
-
-    def progress(
-        self, job_id: int, attempt: int, done: float, total: float | None, message: str, now: int | None
-    ) -> bool:
-        params = {"id": job_id, "attempt": attempt, "done": done, "total": total, "message": message}
-        return self._change(sql.PROGRESS, {**params, "now": _stamp(now)}) == 1
-
-    def periodic_slot(self, name: str) -> int | None:
-        rows = self._read(sql.PERIODIC_SLOT, {"name": name})
-        return int(rows[0][0]) if rows else None
-
-    def periodic_advance(
-        self, name: str, last: int | None, slot: int, job: NewJob | None, now: int | None
-    ) -> bool:
-        now = _stamp(now)
-
-        def work(conn: sqlite3.Connection) -> bool:
-            if last is None:
-                moved = conn.execute(sql.PERIODIC_START, {"name": name, "slot": slot}).rowcount
-            else:
-                moved = conn.execute(sql.PERIODIC_MOVE, {"name": name, "slot": slot, "last": last}).rowcount
-            if moved == 1 and job is not None:
-                conn.execute(sql.INSERT, _insert_row(job, now))
-            return moved == 1
-
-        taken = self._write(work)
-        if taken and job is not None:
-            self.notify()
-        return taken
-
-    def delete(self, job_ids: Sequence[int]) -> int:
-        return self._change(sql.DELETE, {"ids": _ids(job_ids)})
-
-    def purge(
-        self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
-    ) -> int:
-        before = _stamp(now) - older_than_us + (0 if older_than_us else 1)  # age 0: everything so far
-        params = {"before": before, "statuses": _ids([s.value for s in statuses]), "limit": limit or -1}
-        return self._change(sql.PURGE, params)
+    def _deleted(self, statement: str, params: Params) -> int:
+        return self._write(lambda conn: conn.execute(statement, _bind(params)).rowcount)
 
     def tidy(self) -> None:
         """Nothing to do: the counts table is kept exact by triggers."""
-
-    # -- reading ---------------------------------------------------------------
-
-    def get(self, job_id: int) -> Row | None:
-        rows = self._read(sql.GET, {"id": job_id})
-        return rows[0] if rows else None
-
-    def get_many(self, job_ids: Sequence[int]) -> list[Row]:
-        return self._read(sql.GET_MANY, {"ids": _ids(job_ids)}) if job_ids else []
-
-    def expired(self, now: int | None, limit: int) -> list[Row]:
-        return self._read(sql.EXPIRED, {"now": _stamp(now), "limit": limit})
-
-    def running_on(self, host: str) -> list[tuple[Row, int | None]]:
-        return [(tuple(r[:-1]), r[-1]) for r in self._read(sql.RUNNING_ON, {"host": host})]
-
-    def claims(self, job_ids: Sequence[int]) -> list[Row]:
-        return self._read(sql.CLAIMS, {"ids": _ids(job_ids)}) if job_ids else []
-
-    def attempts(self, job_id: int) -> list[Row]:
-        return self._read(sql.ATTEMPTS, {"id": job_id})
-
-    def activity(self, since: int) -> list[Row]:
-        return self._read(sql.ACTIVITY, {"since": since})
-
-    def failures(self, job_ids: Sequence[int]) -> dict[int, int]:
-        rows = self._read(sql.FAILURES, {"ids": _ids(job_ids)}) if job_ids else []
-        return {int(job_id): int(n) for job_id, n in rows}
-
-    def counts(self, queue: str | None = None) -> dict[str, int]:
-        rows = self._read(sql.COUNTS_IN_QUEUE, {"queue": queue}) if queue else self._read(sql.COUNTS)
-        found = {status: int(n) for status, n in rows}
-        return {s.value: found.get(s.value, 0) for s in State}
-
-    def rows(
-        self,
-        statuses: Sequence[State] | None,
-        queue: str | None,
-        limit: int,
-        offset: int = 0,
-        brief: bool = False,
-    ) -> list[Row]:
-        statement = sql.ROWS[statuses is not None, queue is not None, brief]
-        params = {
-            "statuses": None if statuses is None else _ids([s.value for s in statuses]),
-            "queue": queue,
-            "limit": limit,
-            "offset": offset,
-        }
-        return self._read(statement, params)
-
-    def queues(self) -> list[str]:
-        return [r[0] for r in self._read(sql.QUEUES)]
-
-    def next_due(self, where: Filter) -> int | None:
-        if where.matches_nothing:
-            return None
-        statement = sql.NEXT_DUE_IN_ANY_QUEUE if where.queues is None else sql.NEXT_DUE_IN_QUEUES
-        rows = self._read(statement, _filter_params(where))
-        return None if not rows or rows[0][0] is None else int(rows[0][0])
-
-    def task_names(self, statuses: Sequence[State], signed: bool = False) -> list[str]:
-        params = {"statuses": _ids([s.value for s in statuses]), "signed": signed}
-        return [r[0] for r in self._read(sql.TASK_NAMES, params)]
-
-    def pending_per_task(self) -> list[Row]:
-        return self._read(PENDING_PER_TASK)
 
     def now(self) -> int | None:
         return None
@@ -893,65 +492,41 @@ def _complete_all(
     finished = {row[0] for row in rows}
     linked.extend(sorted(row[0] for row in rows if row[1]))
     if linked:
-        cascade.resolve(_runner(conn), [(j, State.COMPLETED, None) for j in linked], now)
+        cascade.resolve(_tx(conn), [(j, State.COMPLETED, None) for j in linked], now)
     return [d.job_id in finished for d in done]
 
 
-def _claim(conn: sqlite3.Connection, request: ClaimRequest, now: int) -> Row | None:
+def _claim(conn: sqlite3.Connection, where: Filter, params: Params) -> Row | None:
     """Claim inside the caller's BEGIN IMMEDIATE: one UPDATE ... WHERE id = (best) RETURNING."""
-    where, worker_id, lease_us, host, pid = request
-    if where.matches_nothing:
-        return None
     statement = sql.CLAIM_FROM_ANY_QUEUE if where.queues is None else sql.CLAIM_FROM_QUEUES
-    params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "now": now}
-    params.update(host=host, pid=pid)
     row: Row | None = conn.execute(statement, params).fetchone()
     return row
 
 
-def _claim_more(
-    conn: sqlite3.Connection, request: ClaimRequest, now: int, first: Row, more: int
-) -> list[Row]:
+def _claim_more(conn: sqlite3.Connection, where: Filter, params: Params, first: Row, more: int) -> list[Row]:
     """Up to `more` further claims after `first`, in claim order: in one statement when no other
     queue the request may take from holds claimable jobs (the usual case, one queue), so that
     order within `first`'s queue is the order overall; otherwise one claim at a time."""
     if more <= 0:
         return []
-    where, worker_id, lease_us, host, pid = request
-    queue = first[2]
+    queue = first[COLUMNS.index("queue")]
     alone = (
         list(where.queues) == [queue]
         if where.queues is not None
         else not conn.execute(sql.OTHER_QUEUE_WAITING, {"queue": queue}).fetchone()[0]
     )
     if alone:
-        params = {**_filter_params(where), "worker": worker_id, "lease": lease_us, "now": now}
-        params.update(host=host, pid=pid, queue=queue, claims=more)
-        rows = conn.execute(sql.CLAIM_MORE_IN_QUEUE, params).fetchall()
+        rows = conn.execute(sql.CLAIM_MORE_IN_QUEUE, {**params, "queue": queue, "claims": more}).fetchall()
         return sorted(rows, key=claim_order)  # RETURNING comes in no order
     taken: list[Row] = []
-    while len(taken) < more and (row := _claim(conn, request, now)) is not None:
+    while len(taken) < more and (row := _claim(conn, where, params)) is not None:
         taken.append(row)
     return taken
 
 
-def _runner(conn: sqlite3.Connection) -> cascade.Run:
-    """cascade's `run(name, params)` on this connection (lists go in as JSON arrays)."""
-
-    def run(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        values = {k: json.dumps(v) if isinstance(v, list) else v for k, v in params.items()}
-        rows: list[tuple[Any, ...]] = conn.execute(getattr(sql, name), values).fetchall()
-        return rows
-
-    return run
-
-
-def _names_by_job(rows: Sequence[tuple[Any, ...]]) -> dict[int, list[str]]:
-    """(job_id, name) rows as each job's sorted names."""
-    found: dict[int, list[str]] = {}
-    for job_id, name in rows:
-        found.setdefault(int(job_id), []).append(str(name))
-    return {job_id: sorted(names) for job_id, names in found.items()}
+def _tx(conn: sqlite3.Connection) -> Tx:
+    """The transaction open on this connection, as the shared verbs and cascade use it."""
+    return Tx(lambda statement, params: conn.execute(statement, _bind(params)).fetchall(), sql.SQL, conn)
 
 
 @functools.lru_cache(maxsize=64)
@@ -961,10 +536,9 @@ def _filter_params(where: Filter) -> dict[str, Any]:
 
 
 def _insert_row(j: NewJob, now: int) -> tuple[Any, ...]:
-    """The values of sql.INSERT, in its order."""
+    """The values of sql.INSERT, in its order (statements.NEW_COLUMNS, then the times)."""
     run_at = now + j.delay_us if j.run_at_us is None else j.run_at_us
-    queued = (j.queue, j.task, j.payload, j.priority, j.key, j.max_retries)
-    return (*queued, run_at, now, now, j.timeout, j.backoff, j.signature, j.limits, j.gate)
+    return (*_new_values(j), run_at, now, now)
 
 
 def _split_sql(script: str) -> list[str]:

@@ -1,34 +1,31 @@
-"""SQLite: the schema's version history and every statement, fixed text made once at import.
+"""SQLite: the schema's version history, the dialect, and the statements of its own.
 
 Parameters are named (`:now`). Lists (ids, queues, tasks, states) are passed
 as one JSON array and read with `json_each`, so no statement is edited to fit
-a list. The rules shared with PostgreSQL come from `storage.rules`.
+a list. The statements both backends mean alike are in `storage.statements`
+(`SQL`, rendered in this dialect); here are the claims, which take jobs in
+`BEGIN IMMEDIATE`, and what SQLite says its own way.
 """
 
 from __future__ import annotations
 
-from ..jobs import COLUMNS, UNFINISHED, State
 from .rules import (
     ANY_STATE_SQL,
     ATTEMPT_ERROR_SQL,
     ATTEMPT_OUTCOME_SQL,
+    ATTEMPT_OUTCOME_V11_SQL,
     BRIEF_ERROR,
-    CANCELLABLE_SQL,
     CLAIM_ORDER,
     CLAIMABLE_SQL,
-    FAILED_OUTCOMES_SQL,
     FINISHED_SQL,
     HEADS,
-    REPLAYABLE_SQL,
-    REQUEUEABLE_SQL,
     RUN_ENDED_SQL,
     UNFINISHED_SQL,
-    key_is_free,
     signed_run,
-    status_in,
 )
+from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 # The job columns as of version 5, copied when version 6 rebuilds the table.
 COLS_V5 = (
@@ -271,13 +268,20 @@ MIGRATIONS: dict[int, str] = {
         WHERE origin IS NOT NULL;
     CREATE INDEX nbqueue_spawned_by ON nbqueue_jobs (spawned_by) WHERE spawned_by IS NOT NULL;
     """,
+    # An attempt's outcome stored as a value: the write that fails a job says whether the attempt
+    # was lost or timed out (failed_as), instead of the trigger reading it from the error text.
+    11: f"""
+    ALTER TABLE nbqueue_jobs ADD COLUMN failed_as TEXT;
+    DROP TRIGGER nbqueue_attempt_end;
+    CREATE TRIGGER nbqueue_attempt_end AFTER UPDATE OF status ON nbqueue_jobs
+        WHEN old.status = 'running' AND new.status != 'running' BEGIN
+        UPDATE nbqueue_attempts SET finished_at = new.updated_at, outcome = {ATTEMPT_OUTCOME_V11_SQL},
+            error = {ATTEMPT_ERROR_SQL} WHERE job_id = old.id AND attempt = old.attempts;
+    END;
+    """,
 }
 
-SELECT_JOBS = f"SELECT {', '.join(COLUMNS)} FROM nbqueue_jobs"
-# What a listing shows: no payload, result or output, and only the end of the error text.
-BRIEF = {"payload": "'null'", "result": "NULL", "output": "NULL", "error": f"substr(error, -{BRIEF_ERROR})"}
-SELECT_BRIEF = f"SELECT {', '.join(BRIEF.get(c, c) for c in COLUMNS)} FROM nbqueue_jobs"
-RETURNING_JOB = f"RETURNING {', '.join(COLUMNS)}"
+RETURNING_JOB = f"RETURNING {JOB_COLUMNS}"
 CLAIM_INDEX = "nbqueue_jobs INDEXED BY nbqueue_claim"
 CLAIM_AS_J = "nbqueue_jobs AS j INDEXED BY nbqueue_claim"
 # Tasks this claim may take; of `signed` tasks, only jobs that carry a signature (checked after).
@@ -330,8 +334,8 @@ def _heads(waiting: str) -> str:
         f"WITH RECURSIVE {waiting}, {pairs}, heads(id) AS (SELECT (SELECT id FROM {CLAIM_AS_J} "
         f"WHERE {CLAIMABLE_SQL} AND j.queue = pairs.queue AND j.gate = pairs.gate AND run_at <= :now "
         f"AND {TASK_ALLOWED} ORDER BY {CLAIM_ORDER} LIMIT 1) FROM pairs WHERE gate IS NOT NULL) "
-        f"SELECT id, limits FROM nbqueue_jobs WHERE id IN (SELECT id FROM heads) ORDER BY {CLAIM_ORDER} "
-        f"LIMIT {HEADS}"
+        f"SELECT :now, id, limits FROM nbqueue_jobs WHERE id IN (SELECT id FROM heads) "
+        f"ORDER BY {CLAIM_ORDER} LIMIT {HEADS}"
     )
 
 
@@ -355,9 +359,7 @@ CLAIM_FROM_QUEUES = _claim(NAMED_QUEUES)
 CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
 HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
 HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
-LIMITED_WAITING_IN_QUEUES = _limited_waiting(NAMED_QUEUES)
-LIMITED_WAITING_IN_ANY_QUEUE = _limited_waiting(EVERY_WAITING_QUEUE)
-TAKE_ID = f"{TAKE} WHERE id = :id AND {CLAIMABLE_SQL} {RETURNING_JOB}"
+TAKE_ID = f"{TAKE} WHERE id = :chosen AND {CLAIMABLE_SQL} {RETURNING_JOB}"
 # A batch's further claims from one queue, when no other queue holds claimable jobs (two seeks
 # of the claim index tell): that queue's next jobs in claim order are the next ones overall.
 OTHER_QUEUE_WAITING = (
@@ -373,9 +375,8 @@ CLAIM_MORE_IN_QUEUE = (
 # -- limits --------------------------------------------------------------------------------
 
 KEYS = "(SELECT value FROM json_each(:keys))"
-LIMIT_STATES = (
-    f"SELECT key, concurrency, rate, burst, tat, paused_until FROM nbqueue_limits WHERE key IN {KEYS}"
-)
+# (Not locked: BEGIN IMMEDIATE already holds every write.)
+LOCK_KEYS = f"SELECT key, concurrency, rate, burst, tat, paused_until FROM nbqueue_limits WHERE key IN {KEYS}"
 # Units of each key that running jobs hold, counted from the jobs themselves (a crashed
 # worker's units come back with its lease): only the running jobs are read.
 IN_FLIGHT = (
@@ -383,188 +384,10 @@ IN_FLIGHT = (
     f"json_each(nbqueue_jobs.limits) AS held WHERE status = 'running' AND held.key IN {KEYS} "
     "GROUP BY held.key"
 )
-SET_TAT = "UPDATE nbqueue_limits SET tat = :tat WHERE key = :key"
-DEFINE_LIMIT = (
-    "INSERT INTO nbqueue_limits (key, concurrency, rate, burst, updated_at) "
-    "VALUES (:key, :concurrency, :rate, :burst, :now) ON CONFLICT (key) DO UPDATE SET "
-    "concurrency = excluded.concurrency, rate = excluded.rate, burst = excluded.burst, "
-    "updated_at = excluded.updated_at, "
-    # a TAT or pause written by hand as no integer (PostgreSQL's BIGINT refuses one) is mended
-    "tat = iif(typeof(tat) = 'integer', tat, 0), "
-    "paused_until = iif(typeof(paused_until) IN ('integer', 'null'), paused_until, NULL)"
-)
-PAUSE = (
-    "INSERT INTO nbqueue_limits (key, paused_until, paused_why, updated_at) "
-    "VALUES (:key, :until, :why, :now) "
-    "ON CONFLICT (key) DO UPDATE SET paused_until = max(coalesce(paused_until, 0), excluded.paused_until), "
-    "paused_why = excluded.paused_why, updated_at = excluded.updated_at"
-)
-RESUME = (
-    "UPDATE nbqueue_limits SET paused_until = NULL, paused_why = NULL, updated_at = :now WHERE key = :key"
-)
-LIMITS = (
-    "SELECT key, concurrency, rate, burst, tat, paused_until, paused_why, "
-    "(SELECT coalesce(sum(held.value), 0) "
-    "FROM nbqueue_jobs INDEXED BY nbqueue_lease, json_each(CASE WHEN json_valid(nbqueue_jobs.limits) "
-    "THEN nbqueue_jobs.limits END) AS held "  # a row written by hand with no JSON there: none held
-    "WHERE status = 'running' AND held.key = nbqueue_limits.key) FROM nbqueue_limits ORDER BY key"
-)
-WAITING_PER_KEY = (
-    # With no limit defined, the outer loop has no row and no job is read (SQLite keeps the
-    # order of a CROSS JOIN; it evaluates an EXISTS term row by row).
-    "SELECT held.key, count(*) FROM (SELECT 1 FROM nbqueue_limits LIMIT 1) AS defined "
-    "CROSS JOIN nbqueue_jobs CROSS JOIN json_each(CASE WHEN json_valid(nbqueue_jobs.limits) "
-    "THEN nbqueue_jobs.limits END) AS held "
-    f"WHERE {CLAIMABLE_SQL} AND gate > '' GROUP BY held.key"
-)
-NEXT_DUE_IN_QUEUES = _next_due(NAMED_QUEUES)
-NEXT_DUE_IN_ANY_QUEUE = _next_due(EVERY_WAITING_QUEUE)
-
+# All of a batch in one statement when no job has a key (executemany), in NEW_COLUMNS order.
 INSERT = (
-    "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, "
-    "created_at, updated_at, timeout, backoff, signature, limits, gate) "
-    "VALUES ('pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-HELD_KEY = f"SELECT id FROM nbqueue_jobs WHERE key = :key AND {UNFINISHED_SQL}"
-
-LIVE_CLAIM = "id = :id AND status = 'running' AND attempts = :attempt"
-# A claim undone (its job never started): the attempt it counted, and the record of it, go.
-UNCLAIM = (
-    "UPDATE nbqueue_jobs SET status = 'pending', attempts = attempts - 1, lease_until = NULL, "
-    "worker_id = NULL, worker_host = NULL, worker_pid = NULL, started_at = NULL, updated_at = :now "
-    f"WHERE {LIVE_CLAIM} AND started_at = :started"
-)
-FORGET_ATTEMPT = "DELETE FROM nbqueue_attempts WHERE job_id = :id AND attempt = :attempt"
-
-# -- dependencies and steps (storage/cascade.py runs these by name) ------------------------
-
-# A parent a child still needs (to be waited for, or for its result at the claim): kept by purge.
-PARENT_NEEDED = (
-    "EXISTS (SELECT 1 FROM nbqueue_edges e JOIN nbqueue_jobs c ON c.id = e.child "
-    f"WHERE e.parent = nbqueue_jobs.id AND {status_in(UNFINISHED, 'c.status')})"
-)
-LINK_PARENTS = f"UPDATE nbqueue_jobs SET has_children = 1 WHERE id IN {IDS} RETURNING id, status, root_cause"
-ORIGIN_HELD = "SELECT id FROM nbqueue_jobs WHERE origin = :origin"
-NEW_WORKFLOW = "INSERT INTO nbqueue_workflows (name, created_at) VALUES (:name, :now) RETURNING id"
-INSERT_LINKED = (
-    "INSERT INTO nbqueue_jobs (status, queue, task, payload, priority, key, max_retries, run_at, created_at, "
-    "updated_at, timeout, backoff, signature, limits, gate, parents_left, wait_when, root_cause, error, "
-    "finished_at, origin, workflow, spawned_by, family) VALUES (:status, :queue, :task, :payload, :priority, "
-    ":key, :max_retries, :run_at, :now, :now, :timeout, :backoff, :signature, :limits, :gate, :left, "
-    ":wait_when, :root, :error, CASE WHEN :status = 'upstream_failed' THEN :now END, :origin, :workflow, "
-    ":spawner, :family) RETURNING id"
-)
-# A job made by a running job joins that job's family, counted on the family's first job.
-FAMILY_OF = "SELECT coalesce(family, id), status FROM nbqueue_jobs WHERE id = :spawner"
-GROW_FAMILY = (
-    "UPDATE nbqueue_jobs SET family_size = family_size + 1 WHERE id = :family AND family_size < :most "
-    "RETURNING family_size"
-)
-FAMILY_SIZE = "SELECT family_size FROM nbqueue_jobs WHERE id = :family"
-# Every job made by these jobs while they ran, and by those, however deep (spawned_by's index).
-MADE_BY = (
-    f"WITH RECURSIVE made(id) AS (SELECT value FROM json_each(:ids) UNION SELECT j.id FROM made "
-    "CROSS JOIN nbqueue_jobs j INDEXED BY nbqueue_spawned_by ON j.spawned_by = made.id "
-    f"WHERE j.spawned_by IS NOT NULL) SELECT id FROM made WHERE id NOT IN {IDS}"
-)
-INSERT_EDGE = "INSERT OR IGNORE INTO nbqueue_edges (parent, child) VALUES (:parent, :child)"
-# A cascade walks the edges from the parents, then each child by its id: CROSS JOIN keeps that
-# order (else SQLite starts from every blocked job in the status index, each level of a chain).
-CHILDREN = "nbqueue_edges e CROSS JOIN nbqueue_jobs c ON c.id = e.child"
-CHILDREN_BLOCKED = (
-    f"SELECT e.parent, c.id, c.wait_when, c.parents_left FROM {CHILDREN} "
-    f"WHERE e.parent IN {IDS} AND c.status = 'blocked' ORDER BY c.id, e.parent"
-)
-# Children that wait for their parents, or were let go by them and have not started: a parent
-# that comes back (requeue, replay) makes them count afresh.
-CHILDREN_WAITING = (
-    f"SELECT DISTINCT c.id FROM {CHILDREN} WHERE e.parent IN {IDS} AND c.status IN ('blocked', 'pending') "
-    "ORDER BY c.id"
-)
-SET_LEFT = "UPDATE nbqueue_jobs SET parents_left = :left WHERE id = :id AND status = 'blocked'"
-UNBLOCK = (
-    "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = max(run_at, :now), "
-    "updated_at = :now WHERE id = :id AND status = 'blocked'"
-)
-DOOM = (
-    "UPDATE nbqueue_jobs SET status = 'upstream_failed', parents_left = :left, root_cause = :root, "
-    "error = :error, finished_at = :now, updated_at = :now WHERE id = :id AND status = 'blocked' "
-    "RETURNING has_children"
-)
-WAITS_FOR = "SELECT wait_when FROM nbqueue_jobs WHERE id = :id"
-PARENTS_OF = (
-    "SELECT p.id, p.status, p.root_cause FROM nbqueue_edges e JOIN nbqueue_jobs p ON p.id = e.parent "
-    "WHERE e.child = :id"
-)
-SETTLE = (
-    "UPDATE nbqueue_jobs SET status = :status, parents_left = :left, root_cause = :root, "
-    "error = coalesce(:error, error), finished_at = CASE WHEN :status = 'upstream_failed' THEN :now END, "
-    "updated_at = :now WHERE id = :id"
-)
-DOOMED_BY = (
-    f"SELECT c.id FROM {CHILDREN} WHERE e.parent IN {IDS} AND c.status = 'upstream_failed' "
-    "AND c.root_cause = :root"
-)
-REARM = (
-    "UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, finished_at = NULL, "
-    "updated_at = :now "
-    "WHERE id = :id AND status = 'upstream_failed'"
-)
-EDGES_OF = (
-    f"SELECT parent, child FROM nbqueue_edges WHERE child IN {IDS} OR parent IN {IDS} ORDER BY child, parent"
-)
-IN_WORKFLOW = "SELECT id FROM nbqueue_jobs WHERE workflow = :workflow ORDER BY id"
-STEP_VALUES = "SELECT name, value FROM nbqueue_steps WHERE job_id = :id AND error IS NULL"
-# A step is recorded only under the caller's live lease: a stale worker records nothing. A value
-# recorded first stays (a parallel twin gets it); a failure is replaced by the next run's outcome.
-RECORD_STEP = (
-    "INSERT INTO nbqueue_steps (job_id, name, value, error, attempt, started_at, finished_at) "
-    "SELECT :id, :name, :value, :error, :attempt, :started, :now FROM nbqueue_jobs "
-    f"WHERE {LIVE_CLAIM} AND lease_until > :now ON CONFLICT (job_id, name) DO UPDATE SET "
-    "value = excluded.value, error = excluded.error, attempt = excluded.attempt, "
-    "started_at = excluded.started_at, finished_at = excluded.finished_at "
-    "WHERE nbqueue_steps.error IS NOT NULL"
-)
-STILL_CLAIMED = f"SELECT 1 FROM nbqueue_jobs WHERE {LIVE_CLAIM}"
-STEP_OF = "SELECT value FROM nbqueue_steps WHERE job_id = :id AND name = :name AND error IS NULL"
-STEPS = (
-    "SELECT name, value, error, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = :id "
-    "ORDER BY finished_at, name"
-)
-STEP_PREVIEWS = (
-    "SELECT name, substr(value, 1, :chars), error, attempt, started_at, finished_at "
-    "FROM nbqueue_steps WHERE job_id = :id ORDER BY finished_at, name"
-)
-FORGET_STEPS = "DELETE FROM nbqueue_steps WHERE job_id = :id AND finished_at >= :since"
-# A file is written (or replaced) only under the caller's live lease: a stale worker writes nothing.
-SAVE_FILE = (
-    "INSERT INTO nbqueue_files (job_id, name, content, attempt, updated_at) "
-    "SELECT :id, :name, :content, :attempt, :now FROM nbqueue_jobs "
-    f"WHERE {LIVE_CLAIM} AND lease_until > :now ON CONFLICT (job_id, name) DO UPDATE SET "
-    "content = excluded.content, attempt = excluded.attempt, updated_at = excluded.updated_at"
-)
-LOAD_FILE = "SELECT content FROM nbqueue_files WHERE job_id = :id AND name = :name"
-# Schedules kept in the database (notebook schedules): any worker allowed to run them keeps them.
-SAVE_SCHEDULE = (
-    "INSERT INTO nbqueue_schedules VALUES (:name, :task, :payload, :spec, :options, :signature, :now) "
-    "ON CONFLICT (name) DO UPDATE SET task = excluded.task, payload = excluded.payload, "
-    "spec = excluded.spec, options = excluded.options, signature = excluded.signature, "
-    "updated_at = excluded.updated_at"
-)
-SCHEDULES = "SELECT name, task, payload, spec, options, signature FROM nbqueue_schedules ORDER BY name"
-DELETE_SCHEDULE = "DELETE FROM nbqueue_schedules WHERE name = :name"
-FORGET_SLOT = "DELETE FROM nbqueue_periodic WHERE name = 'schedule:' || :name"  # manager.STORED_PREFIX
-# A finished job's pinned input replaced (requeue with the current notebook), re-signed with it.
-REPIN = (
-    "UPDATE nbqueue_jobs SET payload = :payload, signature = :signature WHERE id = :id "
-    "AND payload = :old AND status IN ('dead', 'cancelled')"
-)
-FILE_NAMES = f"SELECT job_id, name FROM nbqueue_files WHERE job_id IN {IDS} ORDER BY job_id, name"
-
-
-HEARTBEAT = (
-    "UPDATE nbqueue_jobs SET lease_until = :now + coalesce(:lease, lease_us), updated_at = :now "
-    f"WHERE {LIVE_CLAIM} AND lease_until > :now RETURNING lease_until"
+    f"INSERT INTO nbqueue_jobs (status, {', '.join(NEW_COLUMNS)}, run_at, created_at, updated_at) "
+    f"VALUES ('pending', {', '.join('?' * (len(NEW_COLUMNS) + 3))})"
 )
 # A batch of successes in one statement, each under its own live claim: :done is a JSON array
 # of [id, attempt, result, output]. It returns the ids it completed, and whether each has children.
@@ -577,109 +400,6 @@ COMPLETE_MANY = (
     "RETURNING nbqueue_jobs.id, has_children"
 )
 
-
-def _fail(lease_test: str) -> str:
-    failed = f"(:status = '{State.FAILED.value}')"
-    return (
-        "UPDATE nbqueue_jobs SET status = :status, error = :error, output = :output, "
-        f"retries = retries + {failed}, "  # a dead job used its retries; none is added
-        f"run_at = CASE WHEN {failed} THEN :now + :delay ELSE run_at END, "
-        f"finished_at = CASE WHEN {failed} THEN NULL ELSE :now END, updated_at = :now, lease_until = NULL "
-        f"WHERE {LIVE_CLAIM} AND {lease_test} RETURNING has_children"
-    )
-
-
-FAIL = _fail("lease_until > :now")
-FAIL_EXPIRED = _fail("lease_until <= :now")
-SNOOZE = (
-    "UPDATE nbqueue_jobs SET status = 'pending', error = :error, output = :output, snoozes = snoozes + 1, "
-    f"run_at = :now + :delay, lease_until = NULL, worker_id = NULL, updated_at = :now WHERE {LIVE_CLAIM} "
-    "AND lease_until > :now"
-)
-RELEASE = (
-    "UPDATE nbqueue_jobs SET status = 'pending', lease_until = NULL, worker_id = NULL, updated_at = :now "
-    f"WHERE {LIVE_CLAIM}"
-)
-REFUSE = (
-    "UPDATE nbqueue_jobs SET status = 'pending', signature = NULL, error = :error, lease_until = NULL, "
-    f"worker_id = NULL, updated_at = :now WHERE {LIVE_CLAIM}"
-)
-SIGN = (
-    "UPDATE nbqueue_jobs SET signature = :signature WHERE id = :id AND payload = :payload "
-    "AND signature IS :old"
-)
-IDENTITY_VALUE = "SELECT value FROM nbqueue_info WHERE name = 'identity'"
-RUNS = (
-    "SELECT nonce, job_id, finished_at, result_mac FROM nbqueue_runs "
-    "WHERE nonce IN (SELECT value FROM json_each(:nonces))"
-)
-VOUCH = "UPDATE nbqueue_runs SET result_mac = :mac WHERE nonce = :nonce AND job_id = :id"
-BURY = (
-    "UPDATE nbqueue_jobs SET status = 'dead', error = :error, lease_until = NULL, finished_at = :now, "
-    "updated_at = :now WHERE id = :id AND status = 'running' RETURNING has_children"
-)
-CANCEL = (
-    "UPDATE nbqueue_jobs SET status = 'cancelled', updated_at = :now, lease_until = NULL, finished_at = :now "
-    f"WHERE id IN {IDS} AND {CANCELLABLE_SQL} RETURNING id, has_children"
-)
-_REQUEUE_SET = (
-    "UPDATE nbqueue_jobs SET status = 'pending', updated_at = :now, retries = 0, run_at = :now, "
-    "lease_until = NULL, worker_id = NULL, finished_at = NULL"
-)
-REQUEUE_IDS = (
-    f"{_REQUEUE_SET} WHERE id IN {IDS} AND {REQUEUEABLE_SQL} AND {key_is_free(f'twin.id IN {IDS}')} "
-    "RETURNING id"
-)
-REPLAY = (
-    f"{_REQUEUE_SET} WHERE id IN {IDS} AND {REPLAYABLE_SQL} AND {key_is_free(f'twin.id IN {IDS}')} "
-    "RETURNING id"
-)
-_EVERY_DEAD = "twin.status = 'dead'"
-REQUEUE_DEAD = f"{_REQUEUE_SET} WHERE status = 'dead' AND {key_is_free(_EVERY_DEAD)} RETURNING id"
-PROGRESS = (
-    "UPDATE nbqueue_jobs SET progress_done = :done, progress_total = :total, progress_message = :message, "
-    f"updated_at = :now WHERE {LIVE_CLAIM}"
-)
-
-PERIODIC_SLOT = "SELECT last_slot FROM nbqueue_periodic WHERE name = :name"
-PERIODIC_START = "INSERT INTO nbqueue_periodic VALUES (:name, :slot) ON CONFLICT (name) DO NOTHING"
-PERIODIC_MOVE = "UPDATE nbqueue_periodic SET last_slot = :slot WHERE name = :name AND last_slot = :last"
-
-GET = f"{SELECT_JOBS} WHERE id = :id"
-GET_MANY = f"{SELECT_JOBS} WHERE id IN {IDS}"
-EXPIRED = f"{SELECT_JOBS} WHERE status = 'running' AND lease_until <= :now ORDER BY lease_until LIMIT :limit"
-# A deleted job's steps, files, attempts and edges go with it (the nbqueue_forget trigger).
-DELETE = f"DELETE FROM nbqueue_jobs WHERE id IN {IDS} AND {FINISHED_SQL} AND NOT {PARENT_NEEDED}"
-PURGE = (
-    "DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs WHERE updated_at < :before "
-    f"AND status IN (SELECT value FROM json_each(:statuses)) AND {FINISHED_SQL} AND NOT {PARENT_NEEDED} "
-    "ORDER BY id LIMIT :limit)"
-)
-COUNTS = "SELECT status, sum(n) FROM nbqueue_counts GROUP BY status"
-COUNTS_IN_QUEUE = "SELECT status, n FROM nbqueue_counts WHERE queue = :queue"
-QUEUES = "SELECT DISTINCT queue FROM nbqueue_counts WHERE n > 0 ORDER BY queue"
-TASK_NAMES = (
-    "SELECT DISTINCT task FROM nbqueue_jobs WHERE task IS NOT NULL "
-    "AND status IN (SELECT value FROM json_each(:statuses)) AND (signature IS NOT NULL OR NOT :signed) "
-    "ORDER BY task"
-)
-
-# A page of jobs, newest first: one statement per filter, so each can use its index.
-_STATUS_IN = "status IN (SELECT value FROM json_each(:statuses))"
-_PAGE = "ORDER BY id DESC LIMIT :limit OFFSET :offset"
-_WHERE = {
-    (False, False): "",
-    (True, False): f"WHERE {_STATUS_IN}",
-    (False, True): "WHERE queue = :queue",
-    (True, True): f"WHERE {_STATUS_IN} AND queue = :queue",
-}
-#: (by status, by queue, brief) -> statement
-ROWS = {
-    (*filters, brief): f"{SELECT_BRIEF if brief else SELECT_JOBS} {where} {_PAGE}"
-    for filters, where in _WHERE.items()
-    for brief in (False, True)
-}
-
 # The file's identity and version, read in one snapshot.
 IDENTITY = (
     "SELECT (SELECT application_id FROM pragma_application_id), "
@@ -687,27 +407,77 @@ IDENTITY = (
     "(SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%')"
 )
 
-# -- attempts --------------------------------------------------------------------------------
-
-ATTEMPTS = (
-    "SELECT attempt, started_at, finished_at, worker_id, host, pid, outcome, error FROM nbqueue_attempts "
-    "WHERE job_id = :id ORDER BY attempt"
+DIALECT = Dialect(
+    name="sqlite",
+    param=":{0}",
+    typed=False,
+    lists={
+        "IN": "IN (SELECT value FROM json_each({0}))",
+        "NOT IN": "NOT IN (SELECT value FROM json_each({0}))",
+        "EACH": "json_each({0})",
+    },
+    now=":now",  # SQLite has no server clock: the storage stamps every write
+    wake="",  # waiters in other processes see the commit (PRAGMA data_version)
+    same="IS",
+    greatest="max",
+    tail_error=f"substr(error, -{BRIEF_ERROR})",
+    # CROSS JOIN keeps the written order (else SQLite starts from every blocked job in the status
+    # index, each level of a chain); BEGIN IMMEDIATE already holds the only write lock.
+    ordered_join="CROSS JOIN",
+    spawned_index=" INDEXED BY nbqueue_spawned_by",
+    lock_children="",
+    lock_parents="",
+    unindexed="{}",
 )
-# Attempts that ended since then, per minute: read by the finished_at index only.
-ACTIVITY = (
-    "SELECT finished_at / 60000000, sum(CASE WHEN outcome = 'completed' THEN 1 ELSE 0 END), "
-    f"sum(CASE WHEN {FAILED_OUTCOMES_SQL} THEN 1 ELSE 0 END) FROM nbqueue_attempts "
-    "WHERE finished_at >= :since AND finished_at IS NOT NULL GROUP BY 1"
-)
-FAILURES = (
-    f"SELECT job_id, count(*) FROM nbqueue_attempts WHERE job_id IN {IDS} AND {FAILED_OUTCOMES_SQL} "
-    "GROUP BY job_id"
-)
-# The running jobs a host's workers claimed (with the claiming process): recovered when it is gone.
-RUNNING_ON = (
-    f"SELECT {', '.join(COLUMNS)}, worker_pid FROM nbqueue_jobs "
-    "WHERE status = 'running' AND worker_host = :host"
-)
-CLAIMS = (
-    f"SELECT id, status, worker_host, worker_pid, lease_until, lease_us FROM nbqueue_jobs WHERE id IN {IDS}"
+_STATUS_IN = "status IN (SELECT value FROM json_each(:statuses))"
+SQL = build(
+    DIALECT,
+    Written(
+        COUNTS="SELECT status, sum(n) FROM nbqueue_counts WHERE :queue IS NULL OR queue = :queue "
+        "GROUP BY status",
+        QUEUES="SELECT DISTINCT queue FROM nbqueue_counts WHERE n > 0 ORDER BY queue",
+        # A deleted job's steps, files, attempts and edges go with it (the nbqueue_forget trigger).
+        DELETE=f"DELETE FROM nbqueue_jobs WHERE id IN {IDS} AND {FINISHED_SQL} AND NOT {PARENT_NEEDED}",
+        PURGE=(
+            "DELETE FROM nbqueue_jobs WHERE id IN (SELECT id FROM nbqueue_jobs WHERE updated_at < :now - "
+            ":age "
+            f"AND {_STATUS_IN} AND {FINISHED_SQL} AND NOT {PARENT_NEEDED} ORDER BY id LIMIT coalesce(:limit, "
+            "-1))"
+        ),
+        DEFINE_LIMIT=(
+            "INSERT INTO nbqueue_limits (key, concurrency, rate, burst, updated_at) "
+            "VALUES (:key, :concurrency, :rate, :burst, :now) ON CONFLICT (key) DO UPDATE SET "
+            "concurrency = excluded.concurrency, rate = excluded.rate, burst = excluded.burst, "
+            "updated_at = excluded.updated_at, "
+            # a TAT or pause written by hand as no integer (PostgreSQL's BIGINT refuses one) is mended
+            "tat = iif(typeof(tat) = 'integer', tat, 0), "
+            "paused_until = iif(typeof(paused_until) IN ('integer', 'null'), paused_until, NULL)"
+        ),
+        LIMITS=(
+            "SELECT key, concurrency, rate, burst, tat, paused_until, paused_why, "
+            "(SELECT coalesce(sum(held.value), 0) "
+            "FROM nbqueue_jobs INDEXED BY nbqueue_lease, json_each(CASE WHEN json_valid(nbqueue_jobs.limits) "
+            "THEN nbqueue_jobs.limits END) AS held "  # a row written by hand with no JSON there: none held
+            "WHERE status = 'running' AND held.key = nbqueue_limits.key) FROM nbqueue_limits ORDER BY key"
+        ),
+        WAITING_PER_KEY=(
+            # With no limit defined, the outer loop has no row and no job is read (SQLite keeps the
+            # order of a CROSS JOIN; it evaluates an EXISTS term row by row).
+            "SELECT held.key, count(*) FROM (SELECT 1 FROM nbqueue_limits LIMIT 1) AS defined "
+            "CROSS JOIN nbqueue_jobs CROSS JOIN json_each(CASE WHEN json_valid(nbqueue_jobs.limits) "
+            "THEN nbqueue_jobs.limits END) AS held "
+            f"WHERE {CLAIMABLE_SQL} AND gate > '' GROUP BY held.key"
+        ),
+        LIMITED_WAITING_IN_QUEUES=_limited_waiting(NAMED_QUEUES),
+        LIMITED_WAITING_IN_ANY_QUEUE=_limited_waiting(EVERY_WAITING_QUEUE),
+        NEXT_DUE_IN_QUEUES=_next_due(NAMED_QUEUES),
+        NEXT_DUE_IN_ANY_QUEUE=_next_due(EVERY_WAITING_QUEUE),
+        CLAIM_FROM_QUEUES=CLAIM_FROM_QUEUES,
+        CLAIM_FROM_ANY_QUEUE=CLAIM_FROM_ANY_QUEUE,
+        HEADS_IN_QUEUES=HEADS_IN_QUEUES,
+        HEADS_IN_ANY_QUEUE=HEADS_IN_ANY_QUEUE,
+        LOCK_KEYS=LOCK_KEYS,
+        IN_FLIGHT=IN_FLIGHT,
+        TAKE_ID=TAKE_ID,
+    ),
 )

@@ -684,7 +684,9 @@ def cascade_plans(q: Queue, parent: int, root: int) -> dict[str, str]:
             # A table this small is read whole by any plan: seq scans off, the plan among indexes shows.
             conn.execute(f'SET search_path TO "{storage.schema}"; SET enable_seqscan = off')
             return {
-                name: "\n".join(str(r[0]) for r in conn.execute("EXPLAIN " + getattr(pg_sql, name), params))
+                name: "\n".join(
+                    str(r[0]) for r in conn.execute("EXPLAIN " + getattr(pg_sql.SQL, name), params)
+                )
                 for name in CASCADE_STATEMENTS
             }
     from nbqueue.storage import sqlite_queries as lite_sql
@@ -693,7 +695,7 @@ def cascade_plans(q: Queue, parent: int, root: int) -> dict[str, str]:
     params = {"ids": f"[{parent}]", "root": root}
     return {
         name: "\n".join(
-            str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + getattr(lite_sql, name), params)
+            str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + getattr(lite_sql.SQL, name), params)
         )
         for name in CASCADE_STATEMENTS
     }

@@ -1,0 +1,109 @@
+"""The shared SQL storage runs one set of statements in two dialects (nbqueue.storage.statements).
+
+Both dialects define every statement the storage runs and none it does not, and a statement
+written once reads the same in both once the dialect's own spellings (parameters, lists, the
+clock, the wake-up, locks and planner hints) are put back to one form: a difference anywhere
+else is a statement that quietly means something else on one backend.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from nbqueue.storage import postgres_queries, sqlite_queries
+from nbqueue.storage.statements import Dialect, Statements, Written
+
+STORAGE = Path(__file__).resolve().parent.parent / "nbqueue" / "storage"
+LITE, PG = sqlite_queries.SQL, postgres_queries.SQL
+NAMES = [f.name for f in dataclasses.fields(Statements) if f.name != "dialect"]
+WRITTEN = {f.name for f in dataclasses.fields(Written)}
+
+
+def used_names() -> dict[str, set[str]]:
+    """Every attribute of a Statements read in the storage code: `sql.SQL.X`, `self.sql.X`, `tx.sql.X`,
+    or `sql.X` on a local named sql (what the shared verbs bind): {name: modules}."""
+    found: dict[str, set[str]] = {}
+    for module in ("sql.py", "cascade.py", "sqlite.py", "postgres.py"):
+        for node in ast.walk(ast.parse((STORAGE / module).read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.isupper():
+                owner = ast.unparse(node.value)
+                if owner in ("sql.SQL", "self.sql", "tx.sql", "sql"):
+                    found.setdefault(node.attr, set()).add(module)
+    return found
+
+
+def test_both_dialects_define_every_statement_the_storage_runs_and_no_other() -> None:
+    used = used_names()
+    for statements in (LITE, PG):
+        for name in NAMES:
+            text = getattr(statements, name)
+            assert text, name
+            for one in text.values() if isinstance(text, dict) else [text]:
+                assert isinstance(one, str) and one.strip(), name
+    # (a name used by a backend from its own query module is not a Statements field: skip those)
+    shared = {"sql.py", "cascade.py"}
+    shared_uses = {name for name, modules in used.items() if name in NAMES or modules & shared}
+    missing = sorted(shared_uses - set(NAMES))
+    assert not missing, f"run by the shared storage but not a statement of both dialects: {missing}"
+    unused = sorted(set(NAMES) - set(used))
+    assert not unused, f"statements no storage code runs: {unused}"
+
+
+def to_one_form(text: str, d: Dialect) -> str:
+    """A statement with the dialect's own spellings put back to one neutral form."""
+    if d is PG.dialect:
+        text = text.replace(d.now, "{now}").replace(d.wake, "")  # SQLite's wake-up is no text
+        text = re.sub(r"= ANY\(%\((\w+)\)s::\w+\[\]\)", r"IN [\1]", text)
+        text = re.sub(r"<> ALL\(%\((\w+)\)s::\w+\[\]\)", r"NOT IN [\1]", text)
+        text = re.sub(r"unnest\(%\((\w+)\)s::\w+\[\]\) AS value", r"EACH [\1]", text)
+        text = re.sub(r"\(([^()]*(?:\([^()]*\))?[^()]*)\) IS TRUE", r"\1", text)  # unindexed
+        text = re.sub(r"%\((\w+)\)s(::\w+)?", r":\1", text)
+    else:
+        text = re.sub(r"NOT IN \(SELECT value FROM json_each\(:(\w+)\)\)", r"NOT IN [\1]", text)
+        text = re.sub(r"IN \(SELECT value FROM json_each\(:(\w+)\)\)", r"IN [\1]", text)
+        text = re.sub(r"json_each\(:(\w+)\)", r"EACH [\1]", text)
+        text = re.sub(r":now\b", "{now}", text)
+    text = re.sub(rf"\b{d.same} (?=:|%\()", "{same} ", text)  # before a parameter only
+    text = re.sub(rf"\b{d.greatest}\(", "{greatest}(", text)
+    text = text.replace(d.tail_error, "{tail_error}")
+    for field in ("lock_children", "lock_parents", "spawned_index"):  # spelled as nothing in one dialect
+        if spelling := getattr(d, field):
+            text = text.replace(spelling, "")
+    text = text.replace(f" {d.ordered_join} ", " JOIN ")  # (a plain JOIN where the order is free)
+    return text
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in WRITTEN])
+def test_a_statement_written_once_differs_only_where_the_dialect_says(name: str) -> None:
+    lite, pg = getattr(LITE, name), getattr(PG, name)
+    pairs = [(lite[k], pg[k]) for k in lite] if isinstance(lite, dict) else [(lite, pg)]
+    for one_lite, one_pg in pairs:
+        assert to_one_form(one_lite, LITE.dialect) == to_one_form(one_pg, PG.dialect)
+
+
+def test_the_normal_form_really_removes_only_the_dialects_spellings() -> None:
+    """The check above is not empty: a real difference survives it (a different state)."""
+    lite = LITE.CANCEL.replace("'cancelled'", "'dead'")
+    assert to_one_form(lite, LITE.dialect) != to_one_form(PG.CANCEL, PG.dialect)
+    assert to_one_form(LITE.GET_MANY, LITE.dialect) == to_one_form(PG.GET_MANY, PG.dialect)
+    assert "%(" not in to_one_form(PG.FAIL, PG.dialect)
+
+
+def test_no_statement_is_edited_at_run_time_or_looked_up_by_name() -> None:
+    """The statements are attributes read by name in the code (typed), never getattr by string."""
+    for module in ("sql.py", "cascade.py", "sqlite.py", "postgres.py"):
+        tree = ast.parse((STORAGE / module).read_text())
+        lookups = [
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and any(isinstance(a, ast.Name) and a.id in ("sql", "SQL") for a in node.args[:1])
+        ]
+        assert not lookups, f"{module} looks statements up by name at lines {lookups}"

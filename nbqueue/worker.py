@@ -258,12 +258,12 @@ class Worker:
         deadline = time.monotonic() + timeout
         for thread in threads:  # a runner already retired (its job timed out or cancelled) is not waited for
             while thread.name != "nbqueue-keeper" and thread not in self._retired and thread.is_alive():
-                left = deadline - time.monotonic()
-                if left <= 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     break
                 # Woken again and again: a runner that checked _stopping just before it was set
                 # and only then began to wait would otherwise sleep its whole idle_interval.
-                thread.join(min(left, STOP_REWAKE))
+                thread.join(min(remaining, STOP_REWAKE))
                 self.manager.wake()
         with self._state:
             stuck = [flight for flight in list(self._in_flight.values()) if self._retire(flight)]

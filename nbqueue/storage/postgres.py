@@ -566,7 +566,7 @@ class PostgresStorage(SqlStorage):
         self.notify()
         if self._listen_lock.locked():  # a thread waits on the server: a NOTIFY ends its wait
             with contextlib.suppress(NbqueueError):  # the server is gone: its wait ends anyway
-                self._one(sql.SQL.WAKE, {"channel": self.channel})
+                self._one(sql.SQL.WAKE, self._bind({}))
 
     def close(self) -> None:
         self._closed = True

@@ -264,11 +264,25 @@ class PostgresPlace:
         self._opened: list[Queue] = []
         database = self.admin.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
         self.admin.execute(self._sql.SQL("CREATE ROLE {} LOGIN").format(self._sql.Identifier(self.role)))
-        self.admin.execute(
+        self._on_the_database(
             self._sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
                 self._sql.Identifier(database), self._sql.Identifier(self.role)
             )
         )
+
+    def _on_the_database(self, statement: Any) -> None:
+        """Run a GRANT or DROP OWNED, which rewrites the database's own catalog row: another test
+        process doing the same at that moment fails it with "tuple concurrently updated"."""
+        import psycopg
+
+        for attempt in range(20):
+            try:
+                self.admin.execute(statement)
+                return
+            except psycopg.errors.InternalError as exc:
+                if "concurrently updated" not in str(exc) or attempt == 19:
+                    raise
+                time.sleep(0.05)
 
     def _table(self, name: str) -> Any:
         return self._sql.Identifier(self.schema, name)
@@ -414,7 +428,7 @@ class PostgresPlace:
             self.admin.execute(
                 self._sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(self._sql.Identifier(self.schema))
             )
-            self.admin.execute(self._sql.SQL("DROP OWNED BY {}").format(role))
+            self._on_the_database(self._sql.SQL("DROP OWNED BY {}").format(role))
             self.admin.execute(self._sql.SQL("DROP ROLE IF EXISTS {}").format(role))
         finally:
             self.admin.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-import time
 from pathlib import Path
 
 import psycopg
@@ -45,35 +44,28 @@ def test_a_reused_postgres_schema_is_empty_and_counts_from_one(pg_schemas: templ
     """A schema handed back is emptied and handed out again. The pool drops one instead whenever
     it cannot be sure (a connection still leaving the server, a lock it waited for in vain), which
     a loaded machine makes happen now and then: so up to five rounds, of which one must reuse."""
-    for _ in range(5):
-        schema = pg_schemas.take()
-        with nbqueue.Queue(pg_schemas.url(schema)) as q:
-            q.enqueue_many(["a", "b"])
-            q.claim()
-        wait_gone(pg_schemas, schema)
-        pg_schemas.give_back(schema)
-        again = pg_schemas.take()
-        try:
-            if again == schema:  # the same schema, reused
-                with nbqueue.Queue(pg_schemas.url(schema)) as q:
-                    assert sum(q.counts().values()) == 0
-                    assert q.jobs() == []
-                    assert q.enqueue("c").id == 1
-                return
-        finally:
-            pg_schemas.give_back(again)
-    raise AssertionError("five schemas given back in a row were dropped, none reused")
-
-
-def wait_gone(pool: templates.SchemaPool, schema: str) -> None:
-    """Until the queue's backend has left pg_stat_activity (reuse needs it gone)."""
-    with psycopg.connect(pool.server, autocommit=True) as conn:
-        deadline = time.monotonic() + 30
-        while conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (f"nbqueue:{schema}"[:63],)
-        ).fetchone() != (0,):
-            assert time.monotonic() < deadline, "the queue's connection never left"
-            time.sleep(0.05)
+    # Reuse needs the queue's backend gone from the server: give it all the time it takes.
+    usual, pg_schemas.in_use_wait = pg_schemas.in_use_wait, 30
+    try:
+        for _ in range(5):
+            schema = pg_schemas.take()
+            with nbqueue.Queue(pg_schemas.url(schema)) as q:
+                q.enqueue_many(["a", "b"])
+                q.claim()
+            pg_schemas.give_back(schema)
+            again = pg_schemas.take()
+            try:
+                if again == schema:  # the same schema, reused
+                    with nbqueue.Queue(pg_schemas.url(schema)) as q:
+                        assert sum(q.counts().values()) == 0
+                        assert q.jobs() == []
+                        assert q.enqueue("c").id == 1
+                    return
+            finally:
+                pg_schemas.give_back(again)
+        raise AssertionError("five schemas given back in a row were dropped, none reused")
+    finally:
+        pg_schemas.in_use_wait = usual
 
 
 def test_a_postgres_schema_a_test_changed_or_still_uses_is_dropped(pg_schemas: templates.SchemaPool) -> None:
@@ -84,11 +76,12 @@ def test_a_postgres_schema_a_test_changed_or_still_uses_is_dropped(pg_schemas: t
     pg_schemas.give_back(changed)
     used = pg_schemas.take()
     leaked = nbqueue.Queue(pg_schemas.url(used))  # a queue the test never closed
-    pg_schemas.in_use_wait = 0.1  # it never leaves: no need to wait the usual 2 s for it
+    # It never leaves: no need to wait the usual 2 s for it.
+    usual, pg_schemas.in_use_wait = pg_schemas.in_use_wait, 0.1
     try:
         pg_schemas.give_back(used)
     finally:
-        pg_schemas.in_use_wait = 2.0
+        pg_schemas.in_use_wait = usual
         leaked.close()
     with psycopg.connect(pg_schemas.server) as conn:
         left = conn.execute(

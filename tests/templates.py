@@ -67,6 +67,8 @@ def copy_sqlite_template(template: Path, target: Path) -> None:
 # Everything a test could change in a schema's definition, for comparing it with a fresh one.
 # Reached from the schema through indexes only (pg_depend, then by oid): the server's catalog
 # tables can be large after many runs, and a scan of them costs tens of milliseconds.
+# Every list is ordered by what it holds (the catalogs' own order changes as they are vacuumed),
+# and a function's source is compared without its schema's name.
 _DEFINITION = """
 WITH objects AS (
   SELECT classid, objid FROM pg_depend
@@ -76,25 +78,34 @@ rels AS (
   WHERE c.oid IN (SELECT objid FROM objects WHERE classid = 'pg_class'::regclass))
 SELECT concat_ws(E'\\n',
   (SELECT nspacl::text FROM pg_namespace WHERE oid = %(ns)s),
-  (SELECT string_agg(concat_ws(' ', classid::regclass::text, objid), ',' ORDER BY 1) FROM (
+  (SELECT string_agg(concat_ws(' ', classid::regclass::text, objid), ','
+      ORDER BY classid::regclass::text) FROM (
     SELECT classid, count(*) AS objid FROM objects GROUP BY classid) kinds),
   (SELECT string_agg(concat_ws(' ', r.relname, r.relkind, r.relowner, r.relacl::text, r.relrowsecurity,
       (SELECT string_agg(concat_ws(':', a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
           pg_get_expr(d.adbin, d.adrelid)), ',' ORDER BY a.attnum)
         FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
         WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped),
-      (SELECT string_agg(pg_get_indexdef(i.indexrelid), ',' ORDER BY 1) FROM pg_index i
-        WHERE i.indrelid = r.oid),
-      (SELECT string_agg(concat_ws(' ', conname, pg_get_constraintdef(k.oid)), ',' ORDER BY 1)
+      (SELECT string_agg(pg_get_indexdef(i.indexrelid), ',' ORDER BY pg_get_indexdef(i.indexrelid))
+        FROM pg_index i WHERE i.indrelid = r.oid),
+      (SELECT string_agg(concat_ws(' ', conname, pg_get_constraintdef(k.oid)), ',' ORDER BY conname)
         FROM pg_constraint k WHERE k.conrelid = r.oid),
-      (SELECT string_agg(concat_ws(' ', t.tgenabled, pg_get_triggerdef(t.oid)), ',' ORDER BY 1)
+      (SELECT string_agg(concat_ws(' ', t.tgenabled, pg_get_triggerdef(t.oid)), ',' ORDER BY t.tgname)
         FROM pg_trigger t WHERE t.tgrelid = r.oid),
-      (SELECT string_agg(concat_ws(' ', polname, pg_get_expr(polqual, polrelid)), ',' ORDER BY 1)
+      (SELECT string_agg(concat_ws(' ', polname, pg_get_expr(polqual, polrelid)), ',' ORDER BY polname)
         FROM pg_policy p WHERE p.polrelid = r.oid)), E'\\n' ORDER BY r.relname) FROM rels r),
   (SELECT string_agg(concat_ws(' ', proname, proowner, prosecdef, proconfig::text, proacl::text,
-      md5(prosrc)), E'\\n' ORDER BY 1) FROM pg_proc
+      md5(replace(prosrc, %(name)s, '{s}'))), E'\\n' ORDER BY proname) FROM pg_proc
     WHERE oid IN (SELECT objid FROM objects WHERE classid = 'pg_proc'::regclass)))
 """
+
+
+def _first_difference(found: str, expected: str) -> str:
+    """Where two definitions part, with a little of each (to say why a schema was dropped)."""
+    pairs = enumerate(zip(found, expected, strict=False))
+    at = next((i for i, (a, b) in pairs if a != b), min(len(found), len(expected)))
+    start = max(0, at - 40)
+    return f"{found[start : at + 40]!r} where the reference has {expected[start : at + 40]!r}"
 
 
 class SchemaPool:
@@ -107,6 +118,7 @@ class SchemaPool:
         self.made: set[str] = set()
         self._conn: Any = None
         self.in_use_wait = 2.0  # seconds a connection of the test may take to leave the server
+        self.drops: list[str] = []  # why each schema given back was dropped, not reused
         first = self._new_name()
         nbqueue.Queue(self.url(first)).close()  # the reference: what a fresh migration makes
         conn = self._admin()
@@ -147,7 +159,9 @@ class SchemaPool:
         if row is None:
             return None
         # Defaults, indexes, triggers and functions name their schema: compare without it.
-        return str(conn.execute(_DEFINITION, {"ns": row[0]}).fetchone()[0]).replace(schema, "{s}")
+        return str(conn.execute(_DEFINITION, {"ns": row[0], "name": schema}).fetchone()[0]).replace(
+            schema, "{s}"
+        )
 
     def take(self) -> str:
         """A migrated, empty schema (or, if none is free, a new name the queue migrates on open)."""
@@ -158,13 +172,14 @@ class SchemaPool:
         import psycopg
 
         try:
-            recycled = self._recycle(self._admin(), schema)
-        except psycopg.Error:
-            recycled = False
+            unfit = self._recycle(self._admin(), schema)
+        except psycopg.Error as e:
+            unfit = f"{type(e).__name__}: {e}"
             self._admin().rollback()
-        if recycled:
+        if unfit is None:
             self.free.append(schema)
             return
+        self.drops.append(f"{schema}: {unfit}")
         conn = self._admin()
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         conn.commit()
@@ -185,11 +200,19 @@ class SchemaPool:
                 return True
             time.sleep(0.01)
 
-    def _recycle(self, conn: Any, schema: str) -> bool:
-        """Delete every row the test left (in one transaction); False if the schema is not fit."""
-        if self._in_use(conn, schema) or self._definition(conn, schema) != self.definition:
+    def _recycle(self, conn: Any, schema: str) -> str | None:
+        """Delete every row the test left (in one transaction); why not, if the schema is not fit."""
+        if self._in_use(conn, schema):
             conn.rollback()
-            return False  # still in use (a leaked worker), never made, or changed by the test
+            return "still in use (a leaked worker)"
+        definition = self._definition(conn, schema)
+        if definition != self.definition:
+            conn.rollback()
+            return (
+                "never made"
+                if definition is None
+                else f"changed by the test: {_first_difference(definition, self.definition)}"
+            )
         conn.execute("SET LOCAL lock_timeout = '1s'")
         conn.execute("SET LOCAL session_replication_role = replica")  # no triggers: rows only
         for table in self.tables:
@@ -204,9 +227,9 @@ class SchemaPool:
             conn.execute("SELECT setval(%s::regclass, %s, false)", (f'"{schema}"."{sequence}"', start))
         if conn.execute(f'SELECT version FROM "{schema}".nbqueue_meta').fetchall() != self.meta:
             conn.rollback()
-            return False
+            return "another storage version"
         conn.commit()
-        return True
+        return None
 
     def close(self) -> None:
         """Drop every schema this process made."""

@@ -26,6 +26,7 @@ import nbqueue
 from nbqueue import Job, Queue, State, tasks
 from nbqueue.cells import CELL_TASK
 from nbqueue.jupyter.views import DeadLetterView, JobBoard
+from tests import templates
 from tests.helpers import wait_until
 
 
@@ -36,6 +37,12 @@ def current(ip: Any) -> Queue:
 
 def total(q: Queue) -> int:
     return sum(q.counts().values())
+
+
+@pytest.fixture
+def made(tmp_path: Path, sqlite_template: Path) -> None:
+    """nbqueue.db in the cwd made already (a copy): for the many tests that are not of its making."""
+    templates.copy_sqlite_template(sqlite_template, tmp_path / "nbqueue.db")
 
 
 def finished(q: Queue, job_id: int, timeout: float = 15) -> Job:
@@ -194,7 +201,7 @@ def test_enqueue_evaluates_arguments_in_the_notebook_namespace(ip: Any, double: 
     ],
 )
 def test_enqueue_takes_the_call_verbatim(
-    ip: Any, source: str, args: list[Any], kwargs: dict[str, Any]
+    made: None, ip: Any, source: str, args: list[Any], kwargs: dict[str, Any]
 ) -> None:
     run(ip, "def echo(*args, **kwargs):\n    return args\nn = 7")
     q = current(ip)
@@ -292,7 +299,7 @@ def test_enqueue_a_task_object(ip: Any) -> None:
     ],
 )
 def test_enqueue_errors_are_usage_errors_and_enqueue_nothing(
-    ip: Any, double: None, line: str, message: str
+    made: None, ip: Any, double: None, line: str, message: str
 ) -> None:
     run(ip, "import math\nnumber = 5")
     q = current(ip)
@@ -379,7 +386,7 @@ def test_a_raising_cell_is_retried_then_dead_with_its_traceback(ip: Any) -> None
     ],
 )
 def test_cell_errors_are_usage_errors_and_enqueue_nothing(
-    ip: Any, line: str, cell: str, message: str
+    made: None, ip: Any, line: str, cell: str, message: str
 ) -> None:
     q = current(ip)
     ip.run_cell_magic("enqueue", "", "1")

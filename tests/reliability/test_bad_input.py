@@ -26,6 +26,7 @@ import pytest
 import nbqueue
 from nbqueue import Job, Queue
 from nbqueue.payload import MAX_BYTES
+from tests import templates
 from tests.helpers import run_cli
 
 Call = Callable[[Queue, "Seeded"], Any]
@@ -76,8 +77,11 @@ def refused(call: Callable[[], Any], match: str, kind: type[Exception] = nbqueue
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "jobs.db"
+def path(tmp_path: Path, sqlite_template: Path) -> Path:
+    """A migrated, empty queue file of the test's own (a copy: these tests are not of creation)."""
+    target = tmp_path / "jobs.db"
+    templates.copy_sqlite_template(sqlite_template, target)
+    return target
 
 
 @pytest.fixture
@@ -588,12 +592,13 @@ def magic_threads() -> list[str]:
 
 
 @pytest.fixture
-def ip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def ip(tmp_path: Path, sqlite_template: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The global test IPython shell in tmp_path, `%load_ext nbqueue` done, a notebook function
     `double`, and a queue holding one job; no worker thread may outlive the test."""
     from IPython.testing.globalipapp import get_ipython
 
     monkeypatch.chdir(tmp_path)
+    templates.copy_sqlite_template(sqlite_template, tmp_path / "nb.db")
     shell = get_ipython()
     names = set(shell.user_ns)
     assert not magic_threads()

@@ -88,7 +88,7 @@ def fill(q: nbqueue.Queue, n: int, task: str | None = NOOP) -> None:
     for start in range(0, n, 50_000):
         count = min(50_000, n - start)
         job = NewJob("default", task, '{"args":[0],"kwargs":{}}', 0, None, 3, 0, None, BACKOFF)
-        q.manager.storage.insert([job] * count, None)
+        q.manager.storage.insert([job] * count)
 
 
 # -- throughput next to raw SQLite: each returns (nbqueue ops/s, raw ops/s) ----------

@@ -85,7 +85,7 @@ def enqueue_layers(folder: Path) -> dict[str, float]:
                 "nbqueue's INSERT run raw on its schema": per_call(own_insert),
                 "+ the storage layer (lock, transaction, wake-up)": per_call(
                     lambda i: storage.insert(
-                        [NewJob("default", None, json.dumps({"n": i}), 0, None, 3, 0, None, backoff)], None
+                        [NewJob("default", None, json.dumps({"n": i}), 0, None, 3, 0, None, backoff)]
                     )
                 ),
                 "q.enqueue (options, JSON checks, the Job returned)": per_call(lambda i: q.enqueue({"n": i})),

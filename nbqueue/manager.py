@@ -135,6 +135,7 @@ class JobManager:
         self.storage = storage
         self.trust = Trust(storage.identity, storage.runs, storage.vouch)  # signed: one run, one database
         self.clock: Clock = clock or system_clock
+        storage.clock = self.clock  # storage stamps its writes with the queue's clock
         self.backoff = backoff or Backoff()
         self.periodics: dict[str, Periodic] = {}
         self._limited: dict[Filter, tuple[float, bool]] = {}  # do limited jobs wait? (until, answer)
@@ -147,15 +148,9 @@ class JobManager:
 
     # -- time ------------------------------------------------------------------
 
-    def stamp(self) -> int | None:
-        """The time to hand to storage: None lets a server backend use its own clock."""
-        if self.clock is system_clock and self.storage.server_clock:
-            return None
-        return to_us(self.clock())
-
     def now_us(self) -> int:
         """The current time in microseconds, from the same clock storage uses."""
-        stamp = self.stamp()
+        stamp = self.storage.stamp()
         if stamp is None:
             stamp = self.storage.now()
         return stamp if stamp is not None else to_us(self.clock())
@@ -190,7 +185,7 @@ class JobManager:
         new = self._new_from_plan(plan, {}, None)  # encoded and signed before the write transaction
         if not plan.parents and plan.origin is None:
             return self._insert_one(new)
-        [(job_id, _)] = self.storage.insert_linked(1, lambda _i, _ids, _wf: new, None, self.stamp())
+        [(job_id, _)] = self.storage.insert_linked(1, lambda _i, _ids, _wf: new, None)
         return self.get(job_id)
 
     def workflow(self, name: str) -> Workflow:
@@ -206,7 +201,7 @@ class JobManager:
                 made_in.append(workflow_id)
             return self._new_from_plan(plans[index], workflows.temporary_ids(workflow, ids), workflow_id)
 
-        made = self.storage.insert_linked(len(plans), make, workflow.name, self.stamp())
+        made = self.storage.insert_linked(len(plans), make, workflow.name)
         return made_in[0], self.get_many([job_id for job_id, _ in made])
 
     def _with_origin(self, plan: Plan) -> Plan:
@@ -253,7 +248,7 @@ class JobManager:
         news = [
             template.with_payload(payload_json.dumps(p, f"payloads[{i}]")) for i, p in enumerate(payloads)
         ]
-        return [job_id for job_id, _, _ in self.storage.insert(news, self.stamp())] if news else []
+        return [job_id for job_id, _, _ in self.storage.insert(news)] if news else []
 
     def _new_job(
         self,
@@ -288,7 +283,7 @@ class JobManager:
         return new
 
     def _insert_one(self, new: NewJob) -> Job:
-        [(job_id, created, created_at)] = self.storage.insert([new], self.stamp())
+        [(job_id, created, created_at)] = self.storage.insert([new])
         if not created or created_at is None:  # a held key's job: read it back
             return self.get(job_id)
         stamp = from_us(created_at)
@@ -333,16 +328,14 @@ class JobManager:
         for _ in range(BURY_RETRIES):
             unfit: dict[int, str] = {}  # jobs whose limits cannot be weighed: taken to be buried
             if self._limits_matter(request.where):
-                row = self.storage.claim_limited(
-                    request, self.stamp(), functools.partial(self._choose, unfit=unfit)
-                )
+                row = self.storage.claim_limited(request, functools.partial(self._choose, unfit=unfit))
             else:
-                row = self.storage.claim(request, self.stamp())
+                row = self.storage.claim(request)
             if row is None:
                 return None
             if int(row[0]) in unfit:
                 log.warning("%s: dead", unfit[int(row[0])])
-                self.storage.bury(int(row[0]), unfit[int(row[0])], self.stamp())
+                self.storage.bury(int(row[0]), unfit[int(row[0])])
                 continue
             job = self._decode_or_bury(row, request)
             if job is not None:
@@ -421,7 +414,7 @@ class JobManager:
         except Exception as exc:
             why = f"job {row[0]}: its stored row cannot be run ({type(exc).__name__}: {str(exc)[:200]})"
             log.exception("%s", why)
-            self.storage.bury(int(row[0]), why, self.stamp())
+            self.storage.bury(int(row[0]), why)
             return None
 
     def _decode_claimed(self, row: Row, request: ClaimRequest) -> Job | None:
@@ -434,7 +427,7 @@ class JobManager:
         try:
             job = from_row(row).attach(self)
         except DamagedJob as exc:
-            self.storage.bury(int(row[0]), str(exc), self.stamp())
+            self.storage.bury(int(row[0]), str(exc))
             return None
         signed = job.task in (request.where.signed or ())
         refusal = self.trust.refusal(row) if signed else None
@@ -446,14 +439,14 @@ class JobManager:
             job.payload = dependencies.resolve(job.payload, parents)
         if refusal is not None:
             log.warning("job %d of task %s is not run: %s", job.id, job.task, refusal)
-            self.storage.refuse(job.id, job.attempts, refusal, self.stamp())
+            self.storage.refuse(job.id, job.attempts, refusal)
             return None
         return job
 
     def heartbeat(self, job: Job, lease_us: int | None = None) -> Job:
         """Extend a running claim's lease (None: by the claim's own lease)."""
         check_claim(job, None)
-        until = self.storage.heartbeat(job.id, job.attempts, lease_us, self.stamp())
+        until = self.storage.heartbeat(job.id, job.attempts, lease_us)
         if until is None:
             raise self._lease_lost(job, "heartbeat")
         job.lease_until = from_us(until)
@@ -485,9 +478,8 @@ class JobManager:
         to `claims` more jobs, in one transaction where the storage allows (a worker's batch)."""
         then_claim = None if then_claim is None else mine(then_claim)
         limited = then_claim is not None and self._limits_matter(then_claim.where)
-        now = self.stamp()
-        flags, rows = self.storage.finish_batch(
-            [completion for _, completion in done], None if limited else then_claim, claims, now
+        flags, rows, now = self.storage.finish_batch(
+            [completion for _, completion in done], None if limited else then_claim, claims
         )
         finished = from_us(now if now is not None else to_us(system_clock()))
         assert finished is not None
@@ -518,16 +510,15 @@ class JobManager:
         task = registry.find(job.task)
         retry_on, give_up_on = (None, ()) if task is None else (task.retry_on, task.give_up_on)
         failure = policy.after_error(job, error, self.backoff, retry_on, give_up_on, retry)
-        now = self.stamp()
         if failure.verdict is Verdict.SNOOZE:
             pause = list(job.limits) if failure.pause else []
             done = self.storage.snooze(
-                job.id, job.attempts, failure.delay_us, failure.note or text, output, pause, now
+                job.id, job.attempts, failure.delay_us, failure.note or text, output, pause
             )
         else:
             if failure.note:
                 text = f"{failure.note}\n{text}"
-            args = (job.id, job.attempts, text, output, failure.state, failure.delay_us, now)
+            args = (job.id, job.attempts, text, output, failure.state, failure.delay_us)
             done = self.storage.fail(*args, failed_as=policy.failed_as(text))
         if not done:
             raise self._lease_lost(job, "fail")
@@ -536,7 +527,7 @@ class JobManager:
     def release(self, job: Job) -> bool:
         """Give a claimed job back unrun (pending, no retry counted); False if it was lost already."""
         check_claim(job, State.PENDING)
-        return self.storage.release(job.id, job.attempts, self.stamp())
+        return self.storage.release(job.id, job.attempts)
 
     def unclaim(self, job: Job) -> bool:
         """Undo the claim of a job that never started (a worker's batch gives it back): pending,
@@ -545,19 +536,18 @@ class JobManager:
         if job.started_at is None:
             return False
         started = (job.started_at - EPOCH) // timedelta(microseconds=1)  # exactly as stored
-        return self.storage.unclaim(job.id, job.attempts, started, self.stamp())
+        return self.storage.unclaim(job.id, job.attempts, started)
 
     def recover(self) -> list[tuple[Job, Verdict]]:
         """Fail every job whose lease expired (a crashed worker): retried or dead by its rules."""
         recovered = []
         while True:
-            now = self.stamp()
-            batch = self.storage.expired(now, RECOVER_BATCH)
+            batch = self.storage.expired(RECOVER_BATCH)
             for row in batch:
                 try:
                     job = from_row(row).attach(self)
                 except DamagedJob as exc:
-                    self.storage.bury(int(row[0]), str(exc), now)
+                    self.storage.bury(int(row[0]), str(exc))
                     continue
                 failure = policy.after_failure(job, self.backoff)
                 if self.storage.fail(
@@ -567,7 +557,6 @@ class JobManager:
                     job.output,
                     failure.state,
                     failure.delay_us,
-                    now,
                     expired=True,
                 ):
                     recovered.append((job, failure.verdict))
@@ -585,11 +574,11 @@ class JobManager:
             try:
                 job = from_row(row).attach(self)
             except DamagedJob as exc:
-                self.storage.bury(int(row[0]), str(exc), self.stamp())
+                self.storage.bury(int(row[0]), str(exc))
                 continue
             failure = policy.after_failure(job, self.backoff)
             why = policy.worker_gone(pid, HOST)
-            args = (job.id, job.attempts, why, job.output, failure.state, failure.delay_us, self.stamp())
+            args = (job.id, job.attempts, why, job.output, failure.state, failure.delay_us)
             if self.storage.fail(*args, failed_as="lost"):
                 log.warning("job %d recovered: %s", job.id, why)
                 recovered.append((job, failure.verdict))
@@ -638,7 +627,7 @@ class JobManager:
 
     def record_progress(self, job: Job, done: float, total: float | None, message: str) -> bool:
         """Store a running job's progress; False once its claim is gone."""
-        return self.storage.progress(job.id, job.attempts, done, total, message, self.stamp())
+        return self.storage.progress(job.id, job.attempts, done, total, message)
 
     def lost_claims(self, jobs: Sequence[Job]) -> list[int]:
         """The ids among these claims that are no longer running under that claim (cancelled, taken)."""
@@ -688,10 +677,7 @@ class JobManager:
                 body = call_body(periodic.args, periodic.kwargs)
                 job = self._new_job(task.name, body, options, task.backoff, task.signed)
             slot_us = to_us(slot.at.timestamp())
-            if (
-                self.storage.periodic_advance(periodic.slot_name, last, slot_us, job, self.stamp())
-                and slot.enqueue
-            ):
+            if self.storage.periodic_advance(periodic.slot_name, last, slot_us, job) and slot.enqueue:
                 enqueued.append(periodic.slot_name)
         return enqueued
 
@@ -703,7 +689,7 @@ class JobManager:
         signature = signing.sign(task, body) if periodic.task.signed else None
         spec = json.dumps(schedules.to_spec(periodic.schedule))
         row = StoredSchedule(periodic.name, task, body, spec, json.dumps(options), signature)
-        self.storage.save_schedule(row, self.stamp())
+        self.storage.save_schedule(row)
 
     def stored_periodics(self, names: Sequence[str] | None = None) -> list[Periodic]:
         """The schedules kept in the database whose task is registered here (and in `names`).
@@ -818,7 +804,7 @@ class JobManager:
         while True:  # the job may move on (claimed, finished) between the read and the write
             job = self.get(job_id)
             check_transition(job.id, job.status, State.CANCELLED)
-            if self.storage.cancel([job.id], self.stamp()):
+            if self.storage.cancel([job.id]):
                 return self.get(job.id)
 
     def requeue(self, job_ids: Sequence[int] | None) -> int:
@@ -829,7 +815,7 @@ class JobManager:
         """
         if job_ids is None:
             self._resign(self._signed_dead())
-            return len(self.storage.requeue(None, self.stamp()))
+            return len(self.storage.requeue(None))
         allowed = sources(State.PENDING, "requeue")
         jobs = self.get_many(job_ids)
         for job in jobs:
@@ -839,7 +825,7 @@ class JobManager:
                 )
             self._check_root_fixed(job)
         self._resign([job.id for job in jobs if job.signature])
-        moved = self.storage.requeue(list(job_ids), self.stamp())
+        moved = self.storage.requeue(list(job_ids))
         left = sorted(set(job_ids) - set(moved))
         if left:
             raise InvalidTransition(
@@ -952,7 +938,7 @@ class JobManager:
 
         def record(name: str, value: str | None, error: str | None, started_us: int) -> str | None:
             step = StepRecord(job.id, job.attempts, name, value, error, started_us)
-            return self.storage.record_step(step, self.stamp())
+            return self.storage.record_step(step)
 
         return StepBook(job.id, lambda: self.storage.step_values(job.id), record)
 
@@ -972,7 +958,7 @@ class JobManager:
             raise InvalidArgument(f"a file name is a non-empty string, not {name!r}")
         if not isinstance(content, str):
             raise InvalidArgument(f"a file's content is a string, not {type(content).__name__}")
-        return self.storage.save_file(job.id, job.attempts, name, content, self.stamp())
+        return self.storage.save_file(job.id, job.attempts, name, content)
 
     def load_file(self, job_id: int, name: str) -> str | None:
         """The content of a job's file `name`, or None if it has none."""
@@ -1004,7 +990,7 @@ class JobManager:
         self._check_root_fixed(job)
         if job.signature:
             self._resign([job.id])
-        if not self.storage.replay(job.id, since, self.stamp()):
+        if not self.storage.replay(job.id, since):
             raise InvalidTransition(
                 f"job {job.id} was not replayed: an unfinished job holds its idempotency key"
             )
@@ -1035,7 +1021,7 @@ class JobManager:
                 raise InvalidArgument(
                     f"purge removes finished jobs (completed, dead, cancelled), not {state.value} ones"
                 )
-        return self.storage.purge(statuses, older_than_us, self.stamp(), limit)
+        return self.storage.purge(statuses, older_than_us, limit)
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Jobs per state, every state present."""
@@ -1118,18 +1104,16 @@ class JobManager:
     def pause(self, keys: Sequence[str], for_us: int, why: str) -> None:
         """Pause keys for that long."""
         now = self.now_us()
-        self.storage.pause(keys, now + for_us, why, self.stamp())
+        self.storage.pause(keys, now + for_us, why)
 
     def resume(self, key: str) -> bool:
         """End a key's pause."""
-        return self.storage.resume(key, self.stamp())
+        return self.storage.resume(key)
 
     def limit_rows(self) -> tuple[list[Row], list[Row], int]:
         """The limits as stored, with their in-flight units, the jobs waiting per key, and the time
         (the queue's clock, as the pauses and rates were written with it)."""
-        rows, waiting, now = self.storage.limits()
-        stamp = self.stamp()
-        return rows, waiting, now if stamp is None else stamp
+        return self.storage.limits()
 
     def tidy(self) -> None:
         """Storage housekeeping a worker runs now and then."""

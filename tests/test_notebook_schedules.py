@@ -64,7 +64,7 @@ def test_a_schedule_row_not_signed_by_this_user_is_not_run(
     notebooks.notebook_task(q.manager)
     body = '{"args": [], "kwargs": {"notebook": {}, "parameters": {}}}'
     forged = StoredSchedule("forged", notebooks.NOTEBOOK_TASK, body, '{"every": 60}', "{}", "0" * 64)
-    q.manager.storage.save_schedule(forged, None)
+    q.manager.storage.save_schedule(forged)
     with caplog.at_level(logging.WARNING, logger="nbqueue"):
         for _ in range(5):
             assert q.manager.tick_periodic(NOTEBOOK) == []

@@ -91,8 +91,7 @@ def test_four_worker_processes_complete_every_job_exactly_once(pg_url: str, tmp_
         [
             NewJob("default", "record", f'{{"args":[{i}],"kwargs":{{}}}}', 0, None, 3, 0, None, backoff)
             for i in range(200, 10_200)
-        ],
-        None,
+        ]
     )
     procs = start_workers(tmp_path, pg_url, 4)
     try:

@@ -7,10 +7,10 @@ backends behave the same. Rules that must run inside SQL (which states a claim
 takes, which hold a key) are written once, in `storage.rules`, and both
 backends build their fixed statements from them when their module loads.
 
-Times are integer microseconds since the epoch. `now` is such a time, or None
-for "use the server's own clock" (passed only to a backend whose
-`server_clock` is True). Rows are tuples of the job columns in
-`nbqueue.jobs.COLUMNS` order.
+Times are integer microseconds since the epoch. Storage stamps its writes with
+its `clock`, the Queue's (its manager sets it); on the system clock a backend
+whose `server_clock` is True lets the server stamp them (`stamp()` is then
+None). Rows are tuples of the job columns in `nbqueue.jobs.COLUMNS` order.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from ..clock import Clock
 from ..errors import InvalidArgument
 from ..jobs import JobRow, State
 
@@ -148,11 +149,13 @@ class Storage(Protocol):
 
     #: True when the backend has a clock of its own (a database server's `now()`).
     server_clock: bool
+    #: What writes are stamped with: the Queue's clock (set by the manager that owns the storage).
+    clock: Clock
     # How many jobs a worker may take per transaction (finish_batch's `claims`): a worker
     # whose jobs are quick takes up to this many at once and writes their outcomes together.
     batch_claims: int
 
-    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[Inserted]:
+    def insert(self, jobs: Sequence[NewJob]) -> list[Inserted]:
         """Write jobs in one transaction; (id, created, created_at) each, so a new job needs no
         read back. A held key returns its job's id, not created, and no time."""
         ...
@@ -162,7 +165,6 @@ class Storage(Protocol):
         count: int,
         make: Callable[[int, list[int], int | None], NewJob],
         workflow: str | None,
-        now: int | None,
     ) -> list[tuple[int, bool]]:
         """Write `count` jobs that may wait for parents, in one transaction: `make(i, ids, wf)` gives
         job i, knowing the ids of the jobs before it (and the workflow's id, when `workflow` names
@@ -181,7 +183,7 @@ class Storage(Protocol):
         """The steps a job completed: name -> JSON value."""
         ...
 
-    def record_step(self, step: StepRecord, now: int | None) -> str | None:
+    def record_step(self, step: StepRecord) -> str | None:
         """Record a step's value (or its error) under the live lease. Its stored value (the first
         value recorded wins; None after an error), or None if the claim is gone (nothing recorded)."""
         ...
@@ -199,7 +201,7 @@ class Storage(Protocol):
         """Forget the steps that finished at or after `since`; how many."""
         ...
 
-    def save_file(self, job_id: int, attempt: int, name: str, content: str, now: int | None) -> bool:
+    def save_file(self, job_id: int, attempt: int, name: str, content: str) -> bool:
         """Write (or replace) the job's file `name` under the live lease of claim `attempt`; True if
         written, False (nothing written) if that claim is gone."""
         ...
@@ -212,13 +214,13 @@ class Storage(Protocol):
         """The names of the files each of these jobs has, sorted (jobs without files left out)."""
         ...
 
-    def replay(self, job_id: int, since: int, now: int | None) -> bool:
+    def replay(self, job_id: int, since: int) -> bool:
         """In one transaction: move a finished job back to pending (a requeue; a completed job too)
         with its graph, and forget its steps that finished at or after `since`. False (nothing
         changed) if it is not finished or an unfinished job holds its key."""
         ...
 
-    def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
+    def claim(self, request: ClaimRequest) -> Row | None:
         """Atomically take the best due job: highest priority, then earliest run_at, then id."""
         ...
 
@@ -226,7 +228,7 @@ class Storage(Protocol):
         """True when a claimable job the filter allows holds limit keys (claims must weigh limits)."""
         ...
 
-    def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
+    def claim_limited(self, request: ClaimRequest, decide: Decide) -> Row | None:
         """Claim under limits, in one transaction: read the candidates and the keys' states
         (locked), let `decide` choose, take that job and store the keys' new TATs."""
         ...
@@ -235,11 +237,11 @@ class Storage(Protocol):
         """Store a key's limits (its TAT and pause are kept)."""
         ...
 
-    def pause(self, keys: Sequence[str], until_us: int, why: str, now: int | None) -> None:
+    def pause(self, keys: Sequence[str], until_us: int, why: str) -> None:
         """Pause keys until then (a later pause already there is kept)."""
         ...
 
-    def resume(self, key: str, now: int | None) -> bool:
+    def resume(self, key: str) -> bool:
         """End a key's pause."""
         ...
 
@@ -256,21 +258,21 @@ class Storage(Protocol):
         note: str,
         output: str | None,
         pause: Sequence[str],
-        now: int | None,
     ) -> bool:
         """Running -> pending, due after delay_us, no retry counted (snoozes + 1), under the live
         lease; and, in the same transaction, pause the `pause` keys for as long."""
         ...
 
-    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
+    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None) -> int | None:
         """Extend a live lease (None = by the claim's lease); the new end, or None if it was lost."""
         ...
 
     def finish_batch(
-        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, now: int | None
-    ) -> tuple[list[bool], list[Row]]:
+        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int
+    ) -> tuple[list[bool], list[Row], int | None]:
         """Complete `done` (each True, or False if its lease was lost), then claim up to `claims`
-        jobs one by one in claim order (as that many claims would), in one transaction."""
+        jobs one by one in claim order (as that many claims would), in one transaction; and the
+        time it stamped (None: the server's)."""
         ...
 
     def fail(
@@ -281,7 +283,6 @@ class Storage(Protocol):
         output: str | None,
         status: State,
         delay_us: int,
-        now: int | None,
         expired: bool = False,
         failed_as: str | None = None,
     ) -> bool:
@@ -293,22 +294,22 @@ class Storage(Protocol):
         """
         ...
 
-    def release(self, job_id: int, attempt: int, now: int | None) -> bool:
+    def release(self, job_id: int, attempt: int) -> bool:
         """Running -> pending without counting a retry (graceful shutdown)."""
         ...
 
-    def unclaim(self, job_id: int, attempt: int, started_at: int, now: int | None) -> bool:
+    def unclaim(self, job_id: int, attempt: int, started_at: int) -> bool:
         """Undo a claim whose job never started (a worker's batch gives it back): pending, its
         attempt count and attempt record as before the claim. Only that very claim (its
         `started_at`) is undone, so a repeat after a lost reply never touches a later claim."""
         ...
 
-    def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
+    def refuse(self, job_id: int, attempt: int, error: str) -> bool:
         """A claimed job whose signature does not verify -> pending, its signature removed (so it
         is never claimed as signed again), with `error` saying why it does not run."""
         ...
 
-    def save_schedule(self, schedule: StoredSchedule, now: int | None) -> None:
+    def save_schedule(self, schedule: StoredSchedule) -> None:
         """Keep a schedule (replacing one of that name)."""
         ...
 
@@ -341,15 +342,15 @@ class Storage(Protocol):
         """Record the MAC of a signed job's result on its run (only if `nonce` is bound to it)."""
         ...
 
-    def bury(self, job_id: int, error: str, now: int | None) -> bool:
+    def bury(self, job_id: int, error: str) -> bool:
         """A running job whose row cannot be read -> dead, with `error` saying why."""
         ...
 
-    def cancel(self, job_ids: Sequence[int], now: int | None) -> list[int]:
+    def cancel(self, job_ids: Sequence[int]) -> list[int]:
         """Unfinished jobs among `job_ids` -> cancelled; the ids that moved."""
         ...
 
-    def requeue(self, job_ids: Sequence[int] | None, now: int | None) -> list[int]:
+    def requeue(self, job_ids: Sequence[int] | None) -> list[int]:
         """Dead or cancelled jobs (None: every dead job) -> pending, due now, retries 0.
 
         A job whose key an unfinished job holds is left alone, and of several with one
@@ -357,9 +358,7 @@ class Storage(Protocol):
         """
         ...
 
-    def progress(
-        self, job_id: int, attempt: int, done: float, total: float | None, message: str, now: int | None
-    ) -> bool:
+    def progress(self, job_id: int, attempt: int, done: float, total: float | None, message: str) -> bool:
         """Record a running job's progress; False if the claim is gone (cancelled, timed out)."""
         ...
 
@@ -367,9 +366,7 @@ class Storage(Protocol):
         """The last slot recorded for the periodic schedule `name`, or None if never seen."""
         ...
 
-    def periodic_advance(
-        self, name: str, last: int | None, slot: int, job: NewJob | None, now: int | None
-    ) -> bool:
+    def periodic_advance(self, name: str, last: int | None, slot: int, job: NewJob | None) -> bool:
         """Move `name`'s recorded slot from `last` (None: not recorded yet) to `slot`, and enqueue
         `job` with it, atomically; False if another worker moved it first."""
         ...
@@ -386,7 +383,7 @@ class Storage(Protocol):
         """The rows of those ids that exist, in any order."""
         ...
 
-    def expired(self, now: int | None, limit: int) -> list[Row]:
+    def expired(self, limit: int) -> list[Row]:
         """Running jobs whose lease ended before now, oldest lease first."""
         ...
 
@@ -414,9 +411,7 @@ class Storage(Protocol):
         """Delete the finished jobs among `job_ids`; how many."""
         ...
 
-    def purge(
-        self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
-    ) -> int:
+    def purge(self, statuses: Sequence[State], older_than_us: int, limit: int | None = None) -> int:
         """Delete finished jobs in `statuses` not updated for `older_than_us` (0: all; at most `limit`)."""
         ...
 
@@ -454,6 +449,10 @@ class Storage(Protocol):
 
     def now(self) -> int | None:
         """The server's clock in microseconds, or None for a backend without one."""
+        ...
+
+    def stamp(self) -> int | None:
+        """The time a write now stamps, from `clock`; None where the server's clock stamps it."""
         ...
 
     def wait_for_change(self, timeout: float) -> None:

@@ -393,9 +393,10 @@ class PostgresStorage(SqlStorage):
 
     # -- writing ---------------------------------------------------------------
 
-    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[Inserted]:
+    def insert(self, jobs: Sequence[NewJob]) -> list[Inserted]:
         if len(jobs) > 1 and any(j.key is not None for j in jobs):
-            return [pair for job in jobs for pair in self.insert([job], now)]  # each key answers for itself
+            return [pair for job in jobs for pair in self.insert([job])]  # each key answers for itself
+        now = self.stamp()
         params = {**_insert_params(jobs), "now": now, "channel": self.channel}
         for _ in range(10):  # a held key's job may finish meanwhile: then insert again
             params["token"] = _token()
@@ -425,14 +426,15 @@ class PostgresStorage(SqlStorage):
         return self._finish_linked(sql.COMPLETE_LINKED, params, State.COMPLETED, sql.COMPLETED)
 
     def finish_batch(
-        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, now: int | None
-    ) -> tuple[list[bool], list[Row]]:
+        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int
+    ) -> tuple[list[bool], list[Row], int | None]:
+        now = self.stamp()
         if then_claim is not None and then_claim.where.matches_nothing:
             then_claim = None
         if then_claim is None or not claims:
             if len(done) == 1:  # q.complete: one statement
-                return [self._complete(done[0], now)], []
-            return self._complete_many(done, _each(done, now)), []
+                return [self._complete(done[0], now)], [], now
+            return self._complete_many(done, _each(done, now)), [], now
         each = _each(done, now)
         # A batch in one statement: the successes of jobs without children and the next
         # claims, all under one token, so a lost reply reads back what it took and completed.
@@ -458,7 +460,7 @@ class PostgresStorage(SqlStorage):
         completed, taken = self._run(work, committed=committed)
         rest = [d for d in done if d.job_id not in completed]  # parents (or lost claims)
         flags = dict(zip([d.job_id for d in rest], self._complete_many(rest, _each(rest, now)), strict=True))
-        return [d.job_id in completed or flags.get(d.job_id, False) for d in done], taken
+        return [d.job_id in completed or flags.get(d.job_id, False) for d in done], taken, now
 
     def _complete_many(self, done: Sequence[Completion], each: Params) -> list[bool]:
         """Successes in one transaction that also settles the children of those that have some."""

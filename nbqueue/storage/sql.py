@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ..clock import to_us
+from ..clock import Clock, system_clock, to_us
 from ..errors import StorageError
 from ..jobs import State
 from ..options import held_keys
@@ -34,6 +34,8 @@ class SqlStorage:
 
     sql: Statements
     server_clock: bool
+    #: What writes are stamped with: the Queue's clock (its manager sets it).
+    clock: Clock = staticmethod(system_clock)
     batch_claims = 16
     _where: str  # the queue, as messages name it
     identity_suffix = ""  # PostgreSQL: the schema, so a row copied into another never verifies
@@ -76,9 +78,12 @@ class SqlStorage:
     def now(self) -> int | None:
         raise NotImplementedError
 
-    def _clock(self, now: int | None) -> int | None:
-        """The time a write stamps: the caller's; else the server's (None) or this machine's."""
-        return now if now is not None or self.server_clock else to_us(time.time())
+    def stamp(self) -> int | None:
+        """The time a write stamps, from this storage's clock: None where the server's own clock
+        stamps it (a server backend on the system clock)."""
+        if self.clock is system_clock and self.server_clock:
+            return None
+        return to_us(self.clock())
 
     # -- claims -------------------------------------------------------------------
 
@@ -87,19 +92,19 @@ class SqlStorage:
         params = {**self._filter(where), "worker": worker_id, "lease": lease_us, "host": host, "pid": pid}
         return {**params, "token": self._token()}
 
-    def claim(self, request: ClaimRequest, now: int | None) -> Row | None:
+    def claim(self, request: ClaimRequest) -> Row | None:
         if request.where.matches_nothing:
             return None
         sql = self.sql
         statement = sql.CLAIM_FROM_ANY_QUEUE if request.where.queues is None else sql.CLAIM_FROM_QUEUES
-        rows = self._change(statement, {**self._claim_params(request), "now": self._clock(now)}, sql.CLAIMED)
+        rows = self._change(statement, {**self._claim_params(request), "now": self.stamp()}, sql.CLAIMED)
         return rows[0] if rows else None
 
-    def claim_limited(self, request: ClaimRequest, now: int | None, decide: Decide) -> Row | None:
+    def claim_limited(self, request: ClaimRequest, decide: Decide) -> Row | None:
         if request.where.matches_nothing:
             return None
         sql = self.sql
-        params = {**self._claim_params(request), "now": self._clock(now)}
+        params = {**self._claim_params(request), "now": self.stamp()}
         statement = sql.HEADS_IN_ANY_QUEUE if request.where.queues is None else sql.HEADS_IN_QUEUES
 
         def work(tx: Tx) -> Row | None:
@@ -140,9 +145,8 @@ class SqlStorage:
         count: int,
         make: Callable[[int, list[int], int | None], NewJob],
         workflow: str | None,
-        now: int | None,
     ) -> list[tuple[int, bool]]:
-        now, token, sql = self._clock(now), self._token(), self.sql
+        now, token, sql = self.stamp(), self._token(), self.sql
 
         def work(tx: Tx) -> list[tuple[int, bool]]:
             wf = None if workflow is None else int(tx(sql.NEW_WORKFLOW, {"name": workflow, "now": now})[0][0])
@@ -168,8 +172,8 @@ class SqlStorage:
     def step_values(self, job_id: int) -> dict[str, str]:
         return {str(name): str(value) for name, value in self._read(self.sql.STEP_VALUES, {"id": job_id})}
 
-    def record_step(self, step: StepRecord, now: int | None) -> str | None:
-        params = {**step.params(), "now": self._clock(now)}
+    def record_step(self, step: StepRecord) -> str | None:
+        params = {**step.params(), "now": self.stamp()}
         if self._change(self.sql.RECORD_STEP, params, lost=self.sql.STEP_OF):
             return step.value
         held = self._read(self.sql.STEP_OF, params)  # recorded before (a parallel twin), if the claim lives
@@ -184,8 +188,8 @@ class SqlStorage:
     def forget_steps(self, job_id: int, since: int) -> int:
         return len(self._change(self.sql.FORGET_STEPS, {"id": job_id, "since": since}))
 
-    def save_file(self, job_id: int, attempt: int, name: str, content: str, now: int | None) -> bool:
-        params = {"id": job_id, "attempt": attempt, "name": name, "content": content, "now": self._clock(now)}
+    def save_file(self, job_id: int, attempt: int, name: str, content: str) -> bool:
+        params = {"id": job_id, "attempt": attempt, "name": name, "content": content, "now": self.stamp()}
         return bool(self._change(self.sql.SAVE_FILE, params, lost=self.sql.FILE_SAVED))
 
     def load_file(self, job_id: int, name: str) -> str | None:
@@ -198,8 +202,8 @@ class SqlStorage:
             found.setdefault(int(job_id), []).append(str(name))
         return {job_id: sorted(names) for job_id, names in found.items()}
 
-    def replay(self, job_id: int, since: int, now: int | None) -> bool:
-        now, sql = self._clock(now), self.sql
+    def replay(self, job_id: int, since: int) -> bool:
+        now, sql = self.stamp(), self.sql
 
         def work(tx: Tx) -> bool:
             if not tx(sql.REPLAY, {"ids": [job_id], "now": now}):
@@ -215,10 +219,8 @@ class SqlStorage:
 
     # -- stored schedules ---------------------------------------------------------
 
-    def save_schedule(self, schedule: StoredSchedule, now: int | None) -> None:
-        self._change(
-            self.sql.SAVE_SCHEDULE, {**schedule._asdict(), "now": self._clock(now)}
-        )  # safe to repeat
+    def save_schedule(self, schedule: StoredSchedule) -> None:
+        self._change(self.sql.SAVE_SCHEDULE, {**schedule._asdict(), "now": self.stamp()})  # safe to repeat
 
     def schedules(self) -> list[StoredSchedule]:
         return [StoredSchedule(*row) for row in self._read(self.sql.SCHEDULES)]
@@ -251,22 +253,24 @@ class SqlStorage:
             "concurrency": concurrency,
             "rate": rate,
             "burst": burst,
-            "now": self._clock(None),
+            "now": self.stamp(),
         }
         self._change(self.sql.DEFINE_LIMIT, params)
         self.notify()
 
-    def pause(self, keys: Sequence[str], until_us: int, why: str, now: int | None) -> None:
+    def pause(self, keys: Sequence[str], until_us: int, why: str) -> None:
         params = {"keys": list(keys), "until": until_us, "delay": None, "why": self._text(why)}
-        self._change(self.sql.PAUSE, {**params, "now": self._clock(now)})
+        self._change(self.sql.PAUSE, {**params, "now": self.stamp()})
 
-    def resume(self, key: str, now: int | None) -> bool:
-        resumed = bool(self._change(self.sql.RESUME, {"key": key, "now": self._clock(now)}))
+    def resume(self, key: str) -> bool:
+        resumed = bool(self._change(self.sql.RESUME, {"key": key, "now": self.stamp()}))
         self.notify()
         return resumed
 
     def limits(self) -> tuple[list[Row], list[Row], int]:
-        moment = self.now()
+        moment = self.stamp()
+        if moment is None:
+            moment = self.now()
         return (
             self._read(self.sql.LIMITS),
             self._read(self.sql.WAITING_PER_KEY),
@@ -283,10 +287,9 @@ class SqlStorage:
         note: str,
         output: str | None,
         pause: Sequence[str],
-        now: int | None,
     ) -> bool:
         sql = self.sql
-        params: Params = {"id": job_id, "attempt": attempt, "delay": delay_us, "now": self._clock(now)}
+        params: Params = {"id": job_id, "attempt": attempt, "delay": delay_us, "now": self.stamp()}
         params |= {"error": self._text(note), "output": self._text(output), "why": self._text(note)}
         params |= {"keys": list(pause), "until": None}
 
@@ -302,8 +305,8 @@ class SqlStorage:
 
         return self._transaction(work, committed)
 
-    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None, now: int | None) -> int | None:
-        params = {"id": job_id, "attempt": attempt, "lease": lease_us, "now": self._clock(now)}
+    def heartbeat(self, job_id: int, attempt: int, lease_us: int | None) -> int | None:
+        params = {"id": job_id, "attempt": attempt, "lease": lease_us, "now": self.stamp()}
         rows = self._change(self.sql.HEARTBEAT, params)
         return int(rows[0][0]) if rows else None
 
@@ -315,14 +318,13 @@ class SqlStorage:
         output: str | None,
         status: State,
         delay_us: int,
-        now: int | None,
         expired: bool = False,
         failed_as: str | None = None,
     ) -> bool:
         sql = self.sql
         params: Params = {"id": job_id, "attempt": attempt, "status": status.value, "delay": delay_us}
         params["failed_as"] = "lost" if expired else failed_as
-        params |= {"error": self._text(error), "output": self._text(output), "now": self._clock(now)}
+        params |= {"error": self._text(error), "output": self._text(output), "now": self.stamp()}
         params["wake"] = status is State.FAILED
         # One statement, unless the job is dead and has children: they are resolved in its transaction.
         if not expired and self._change(sql.FAIL, params, lost=sql.FAILED):
@@ -347,16 +349,16 @@ class SqlStorage:
             self._wake_here()
         return changed
 
-    def release(self, job_id: int, attempt: int, now: int | None) -> bool:
-        params = {"id": job_id, "attempt": attempt, "now": self._clock(now)}
+    def release(self, job_id: int, attempt: int) -> bool:
+        params = {"id": job_id, "attempt": attempt, "now": self.stamp()}
         released = bool(self._change(self.sql.RELEASE, params, lost=self.sql.RELEASED))
         if released:
             self.notify()
         return released
 
-    def unclaim(self, job_id: int, attempt: int, started_at: int, now: int | None) -> bool:
+    def unclaim(self, job_id: int, attempt: int, started_at: int) -> bool:
         sql = self.sql
-        params = {"id": job_id, "attempt": attempt, "started": started_at, "now": self._clock(now)}
+        params = {"id": job_id, "attempt": attempt, "started": started_at, "now": self.stamp()}
 
         def work(tx: Tx) -> bool:  # safe to repeat: it undoes only this claim
             if not tx(sql.UNCLAIM, params):
@@ -369,18 +371,16 @@ class SqlStorage:
             self.notify()
         return undone
 
-    def refuse(self, job_id: int, attempt: int, error: str, now: int | None) -> bool:
-        params = {"id": job_id, "attempt": attempt, "error": self._text(error), "now": self._clock(now)}
+    def refuse(self, job_id: int, attempt: int, error: str) -> bool:
+        params = {"id": job_id, "attempt": attempt, "error": self._text(error), "now": self.stamp()}
         return bool(self._change(self.sql.REFUSE, params))
 
-    def progress(
-        self, job_id: int, attempt: int, done: float, total: float | None, message: str, now: int | None
-    ) -> bool:
-        params = {"id": job_id, "attempt": attempt, "done": done, "total": total, "now": self._clock(now)}
+    def progress(self, job_id: int, attempt: int, done: float, total: float | None, message: str) -> bool:
+        params = {"id": job_id, "attempt": attempt, "done": done, "total": total, "now": self.stamp()}
         return bool(self._change(self.sql.PROGRESS, {**params, "message": self._text(message)}))
 
-    def bury(self, job_id: int, error: str, now: int | None) -> bool:
-        now, sql = self._clock(now), self.sql
+    def bury(self, job_id: int, error: str) -> bool:
+        now, sql = self.stamp(), self.sql
 
         def work(tx: Tx) -> bool:
             rows = tx(sql.BURY, {"id": job_id, "error": self._text(error), "now": now})
@@ -416,8 +416,8 @@ class SqlStorage:
 
     # -- operator verbs -----------------------------------------------------------
 
-    def cancel(self, job_ids: Sequence[int], now: int | None) -> list[int]:
-        now, sql = self._clock(now), self.sql
+    def cancel(self, job_ids: Sequence[int]) -> list[int]:
+        now, sql = self.stamp(), self.sql
 
         def committed() -> list[int] | None:
             return [int(r[0]) for r in self._read(sql.CANCELLED, {"ids": list(job_ids)})] or None
@@ -426,8 +426,8 @@ class SqlStorage:
         self._wake_here()  # (an all_done child may be due now)
         return cancelled
 
-    def requeue(self, job_ids: Sequence[int] | None, now: int | None) -> list[int]:
-        now, sql = self._clock(now), self.sql
+    def requeue(self, job_ids: Sequence[int] | None) -> list[int]:
+        now, sql = self.stamp(), self.sql
         statement = sql.REQUEUE_DEAD if job_ids is None else sql.REQUEUE_IDS
         params: Params = {"now": now} if job_ids is None else {"ids": list(job_ids), "now": now}
 
@@ -451,10 +451,8 @@ class SqlStorage:
         rows = self._read(self.sql.PERIODIC_SLOT, {"name": name})
         return int(rows[0][0]) if rows else None
 
-    def periodic_advance(
-        self, name: str, last: int | None, slot: int, job: NewJob | None, now: int | None
-    ) -> bool:
-        now, sql = self._clock(now), self.sql
+    def periodic_advance(self, name: str, last: int | None, slot: int, job: NewJob | None) -> bool:
+        now, sql = self.stamp(), self.sql
 
         def work(tx: Tx) -> bool:
             if last is None:
@@ -482,11 +480,9 @@ class SqlStorage:
     def delete(self, job_ids: Sequence[int]) -> int:
         return self._deleted(self.sql.DELETE, {"ids": list(job_ids)})
 
-    def purge(
-        self, statuses: Sequence[State], older_than_us: int, now: int | None, limit: int | None = None
-    ) -> int:
+    def purge(self, statuses: Sequence[State], older_than_us: int, limit: int | None = None) -> int:
         age = older_than_us - (0 if older_than_us else 1)  # age 0: everything so far
-        params = {"now": self._clock(now), "age": age, "statuses": [s.value for s in statuses]}
+        params = {"now": self.stamp(), "age": age, "statuses": [s.value for s in statuses]}
         return self._deleted(self.sql.PURGE, {**params, "limit": limit})
 
     # -- reading ------------------------------------------------------------------
@@ -498,8 +494,8 @@ class SqlStorage:
     def get_many(self, job_ids: Sequence[int]) -> list[Row]:
         return self._read(self.sql.GET_MANY, {"ids": list(job_ids)}) if job_ids else []
 
-    def expired(self, now: int | None, limit: int) -> list[Row]:
-        return self._read(self.sql.EXPIRED, {"now": self._clock(now), "limit": limit})
+    def expired(self, limit: int) -> list[Row]:
+        return self._read(self.sql.EXPIRED, {"now": self.stamp(), "limit": limit})
 
     def running_on(self, host: str) -> list[tuple[Row, int | None]]:
         return [(tuple(r[:-1]), r[-1]) for r in self._read(self.sql.RUNNING_ON, {"host": host})]

@@ -349,8 +349,8 @@ class SQLiteStorage(SqlStorage):
 
     # -- writing ---------------------------------------------------------------
 
-    def insert(self, jobs: Sequence[NewJob], now: int | None) -> list[Inserted]:
-        now = _stamp(now)
+    def insert(self, jobs: Sequence[NewJob]) -> list[Inserted]:
+        now = _stamp(self.stamp())
         rows = [_insert_row(j, now) for j in jobs]
 
         def work(conn: sqlite3.Connection) -> list[Inserted]:
@@ -374,9 +374,9 @@ class SQLiteStorage(SqlStorage):
         return ids
 
     def finish_batch(
-        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, now: int | None
-    ) -> tuple[list[bool], list[Row]]:
-        now = _stamp(now)
+        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int
+    ) -> tuple[list[bool], list[Row], int | None]:
+        now = _stamp(self.stamp())
         linked: list[int] = []
 
         def work(conn: sqlite3.Connection) -> tuple[list[bool], list[Row]]:
@@ -389,10 +389,10 @@ class SQLiteStorage(SqlStorage):
             more = [] if first is None else _claim_more(conn, where, params, first, claims - 1)
             return flags, [] if first is None else [first, *more]
 
-        outcome = self._write(work)
+        flags, taken = self._write(work)
         if linked:  # children they let go may be due now
             self.notify()
-        return outcome
+        return flags, taken, now
 
     def _deleted(self, statement: str, params: Params) -> int:
         return self._write(lambda conn: conn.execute(statement, _bind(params)).rowcount)

@@ -150,10 +150,7 @@ class JobManager:
 
     def now_us(self) -> int:
         """The current time in microseconds, from the same clock storage uses."""
-        stamp = self.storage.stamp()
-        if stamp is None:
-            stamp = self.storage.now()
-        return stamp if stamp is not None else to_us(self.clock())
+        return self.storage.now_us()
 
     def now(self) -> datetime:
         """The current time (UTC), from the same clock storage uses."""

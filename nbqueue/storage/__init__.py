@@ -455,6 +455,10 @@ class Storage(Protocol):
         """The time a write now stamps, from `clock`; None where the server's clock stamps it."""
         ...
 
+    def now_us(self) -> int:
+        """The time by the clock writes are stamped with (the server's, where it stamps them)."""
+        ...
+
     def wait_for_change(self, timeout: float) -> None:
         """Block until another writer may have committed, or timeout seconds pass."""
         ...

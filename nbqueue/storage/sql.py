@@ -15,7 +15,6 @@ statement that reads back whether it did (its first value true); SQLite never ne
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -84,6 +83,13 @@ class SqlStorage:
         if self.clock is system_clock and self.server_clock:
             return None
         return to_us(self.clock())
+
+    def now_us(self) -> int:
+        """The time by the clock writes are stamped with (the server's, where it stamps them)."""
+        stamp = self.stamp()
+        if stamp is None:
+            stamp = self.now()
+        return stamp if stamp is not None else to_us(self.clock())
 
     # -- claims -------------------------------------------------------------------
 
@@ -268,14 +274,7 @@ class SqlStorage:
         return resumed
 
     def limits(self) -> tuple[list[Row], list[Row], int]:
-        moment = self.stamp()
-        if moment is None:
-            moment = self.now()
-        return (
-            self._read(self.sql.LIMITS),
-            self._read(self.sql.WAITING_PER_KEY),
-            to_us(time.time()) if moment is None else moment,
-        )
+        return self._read(self.sql.LIMITS), self._read(self.sql.WAITING_PER_KEY), self.now_us()
 
     # -- a claim's outcome --------------------------------------------------------
 

@@ -100,11 +100,6 @@ def _is_locked(exc: sqlite3.Error) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
 
 
-def _stamp(now: int | None) -> int:
-    """SQLite has no server clock: None means this machine's clock."""
-    return to_us(time.time()) if now is None else now
-
-
 def _ids(values: Sequence[int] | Sequence[str] | None) -> str | None:
     """A list as the JSON array the statements read with json_each."""
     return None if values is None else json.dumps(list(values))
@@ -302,7 +297,7 @@ class SQLiteStorage(SqlStorage):
         self.notify()
 
     def _insert_in(self, tx: Tx, job: NewJob, now: int | None) -> None:
-        tx.raw.execute(sql.INSERT, _insert_row(job, _stamp(now)))
+        tx.raw.execute(sql.INSERT, _insert_row(job, self.stamp() if now is None else now))
 
     # -- schema ----------------------------------------------------------------
 
@@ -350,7 +345,7 @@ class SQLiteStorage(SqlStorage):
     # -- writing ---------------------------------------------------------------
 
     def insert(self, jobs: Sequence[NewJob]) -> list[Inserted]:
-        now = _stamp(self.stamp())
+        now = self.stamp()
         rows = [_insert_row(j, now) for j in jobs]
 
         def work(conn: sqlite3.Connection) -> list[Inserted]:
@@ -376,7 +371,7 @@ class SQLiteStorage(SqlStorage):
     def finish_batch(
         self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int
     ) -> tuple[list[bool], list[Row], int | None]:
-        now = _stamp(self.stamp())
+        now = self.stamp()
         linked: list[int] = []
 
         def work(conn: sqlite3.Connection) -> tuple[list[bool], list[Row]]:
@@ -402,6 +397,10 @@ class SQLiteStorage(SqlStorage):
 
     def now(self) -> int | None:
         return None
+
+    def stamp(self) -> int:
+        """SQLite has no clock of its own: the queue's clock stamps every write."""
+        return to_us(self.clock())
 
     # -- waiting ---------------------------------------------------------------
 

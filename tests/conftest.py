@@ -161,15 +161,21 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def queue_target(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+def queue_target(backend: str, request: pytest.FixtureRequest) -> str:
     """Where the queue under test lives: a migrated, empty queue of its own (a copy of a template
     SQLite file, or a PostgreSQL schema emptied after its last test: tests/templates.py). Tests
     of creating or migrating a queue use tmp_path or `pg_url` instead."""
     if backend == "postgres":
         return str(request.getfixturevalue("migrated_pg_url"))
+    return str(request.getfixturevalue("sqlite_queue_file"))
+
+
+@pytest.fixture
+def sqlite_queue_file(tmp_path: Path, sqlite_template: Path) -> Path:
+    """A migrated, empty SQLite queue file of the test's own (a copy of the template)."""
     target = tmp_path / "jobs.db"
-    templates.copy_sqlite_template(request.getfixturevalue("sqlite_template"), target)
-    return str(target)
+    templates.copy_sqlite_template(sqlite_template, target)
+    return target
 
 
 @pytest.fixture

@@ -67,8 +67,7 @@ def copy_sqlite_template(template: Path, target: Path) -> None:
 # Everything a test could change in a schema's definition, for comparing it with a fresh one.
 # Reached from the schema through indexes only (pg_depend, then by oid): the server's catalog
 # tables can be large after many runs, and a scan of them costs tens of milliseconds.
-# Every list is ordered by what it holds (the catalogs' own order changes as they are vacuumed),
-# and a function's source is compared without its schema's name.
+# Every list is ordered by what it holds: the catalogs' own order changes as they are vacuumed.
 _DEFINITION = """
 WITH objects AS (
   SELECT classid, objid FROM pg_depend
@@ -95,7 +94,7 @@ SELECT concat_ws(E'\\n',
       (SELECT string_agg(concat_ws(' ', polname, pg_get_expr(polqual, polrelid)), ',' ORDER BY polname)
         FROM pg_policy p WHERE p.polrelid = r.oid)), E'\\n' ORDER BY r.relname) FROM rels r),
   (SELECT string_agg(concat_ws(' ', proname, proowner, prosecdef, proconfig::text, proacl::text,
-      md5(replace(prosrc, %(name)s, '{s}'))), E'\\n' ORDER BY proname) FROM pg_proc
+      prosrc), E'\\n' ORDER BY proname) FROM pg_proc
     WHERE oid IN (SELECT objid FROM objects WHERE classid = 'pg_proc'::regclass)))
 """
 
@@ -159,9 +158,7 @@ class SchemaPool:
         if row is None:
             return None
         # Defaults, indexes, triggers and functions name their schema: compare without it.
-        return str(conn.execute(_DEFINITION, {"ns": row[0], "name": schema}).fetchone()[0]).replace(
-            schema, "{s}"
-        )
+        return str(conn.execute(_DEFINITION, {"ns": row[0]}).fetchone()[0]).replace(schema, "{s}")
 
     def take(self) -> str:
         """A migrated, empty schema (or, if none is free, a new name the queue migrates on open)."""

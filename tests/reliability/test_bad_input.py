@@ -77,11 +77,9 @@ def refused(call: Callable[[], Any], match: str, kind: type[Exception] = nbqueue
 
 
 @pytest.fixture
-def path(tmp_path: Path, sqlite_template: Path) -> Path:
-    """A migrated, empty queue file of the test's own (a copy: these tests are not of creation)."""
-    target = tmp_path / "jobs.db"
-    templates.copy_sqlite_template(sqlite_template, target)
-    return target
+def path(sqlite_queue_file: Path) -> Path:
+    """A migrated, empty queue file of the test's own (these tests are not of creation)."""
+    return sqlite_queue_file
 
 
 @pytest.fixture

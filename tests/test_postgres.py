@@ -228,17 +228,43 @@ def test_import_without_psycopg_works_and_a_url_names_the_extra(pg_url: str, tmp
     assert "pip install 'nbqueue[postgres]'" in done.stdout
 
 
-@pytest.mark.slow  # 150 real connections: seconds of the server's time
-def test_a_connection_made_by_a_thread_closes_when_the_thread_ends(pg_url: str) -> None:
+@pytest.mark.slow  # 150 threads, one after another
+def test_short_lived_threads_share_the_queue_s_few_connections(pg_url: str) -> None:
     """150 short-lived threads each enqueue once: more than the server's 100 slots would allow if
-    each thread kept its connection, and the server holds no more than a few for this queue."""
+    each thread kept a connection of its own; they take turns on the queue's idle one."""
     q = nbqueue.Queue(pg_url)
     for i in range(150):
         thread = threading.Thread(target=q.enqueue, args=({"i": i},))
         thread.start()
         thread.join()
     assert q.counts()["pending"] == 150
-    assert len(q.manager.storage._all) <= 2  # this thread's, and at most one not yet collected
+    assert len(q.manager.storage._all) <= 2  # type: ignore[attr-defined]
+    q.close()
+
+
+def test_worker_runs_reuse_the_queue_s_connections(pg_url: str) -> None:
+    """Each run_until_idle starts fresh runner and keeper threads; they take the connections the
+    last ones gave back instead of each opening its own (a new backend costs the server ~5 ms)."""
+    q = nbqueue.Queue(pg_url)
+
+    @q.task(name="reuse.echo")
+    def echo(n: int) -> int:
+        return n
+
+    backends: set[int] = set()
+    schema = pg_url.rsplit("schema=", 1)[1]
+    with psycopg.connect(pg_url.split("?", maxsplit=1)[0], autocommit=True) as admin:
+        for cycle in range(6):
+            jobs = [echo.enqueue(cycle * 10 + i) for i in range(5)]
+            with q.worker(concurrency=2) as worker:
+                worker.run_until_idle()
+                rows = admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"nbqueue:{schema}",)
+                ).fetchall()
+                backends |= {pid for (pid,) in rows}
+            assert [q.get(j.id).value for j in jobs] == [cycle * 10 + i for i in range(5)]
+    # The kernel thread's, two runners', the keeper's and the listener's at most, once each.
+    assert len(backends) <= 5, f"{len(backends)} backends over 6 worker runs"
     q.close()
 
 

@@ -17,9 +17,8 @@ import hashlib
 import secrets
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import (
@@ -43,6 +42,7 @@ try:
     import psycopg
     from psycopg import errors as pg_errors
     from psycopg import sql as pg_sql
+    from psycopg.pq import TransactionStatus
 except ImportError:  # pragma: no cover - exercised only without the extra
     raise MissingDependency("PostgreSQL queues need psycopg 3: pip install 'nbqueue[postgres]'") from None
 
@@ -56,6 +56,9 @@ LOCKED_RETRY_SECONDS = 120.0  # a statement cancelled by a timeout (a lock held 
 # its board, its buttons) gives up after this many seconds (`?lock_wait=SECONDS` in the URL), and
 # so does opening the queue: a session that holds a lock for good must not hang the notebook.
 LOCK_WAIT_SECONDS = 5.0
+# A connection left idle this long is closed; until then the next statement of any thread of the
+# queue takes it (a new backend costs the server more than most statements: ~5 ms of its CPU).
+IDLE_SECONDS = 60.0
 
 
 def _split_url(url: str) -> tuple[str, str]:
@@ -140,26 +143,16 @@ def _clean(text: str | None) -> str | None:
     return None if text is None else text.replace("\x00", "\\0")
 
 
-class _Held:
-    """One thread's connection, held in its thread-local storage."""
+class _Idle(NamedTuple):
+    """A connection no thread is using, kept for the next statement of any thread."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
-
-
-def _release(
-    conn: psycopg.Connection[Any], every: list[psycopg.Connection[Any]], lock: threading.Lock
-) -> None:
-    """Close the connection of a thread that has ended."""
-    with lock:
-        if conn in every:
-            every.remove(conn)
-    with contextlib.suppress(psycopg.Error):
-        conn.close()
+    conn: psycopg.Connection[Any]
+    kernel: bool  # set up for the kernel's thread (its lock_timeout)
+    since: float  # time.monotonic() when it was given back
 
 
 class PostgresStorage(SqlStorage):
-    """Jobs in PostgreSQL tables (in `?schema=NAME`, default public); one connection per thread.
+    """Jobs in PostgreSQL tables (in `?schema=NAME`, default public), on a few connections its threads share.
 
     `?lock_wait=SECONDS` (default 5): how long a call from the process's main thread (a notebook's
     cells, board and buttons) and opening the queue wait for a lock another session holds, before
@@ -177,9 +170,10 @@ class PostgresStorage(SqlStorage):
         self.identity_suffix = f"/{self.schema}"  # a row copied into another schema never verifies
         parts = urlsplit(url)  # for messages: never show a password
         self._where = f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
-        self._local = threading.local()
-        self._all: list[psycopg.Connection[Any]] = []
-        self._all_lock = threading.Lock()
+        self._local = threading.local()  # the connection a thread's statement is using, and depth
+        self._all: list[psycopg.Connection[Any]] = []  # every open connection but the listener's
+        self._idle: list[_Idle] = []
+        self._all_lock = threading.Lock()  # guards _all and _idle
         self._closed = False
         self._signal = threading.Condition()
         self._listener: psycopg.Connection[Any] | None = None
@@ -216,27 +210,82 @@ class PostgresStorage(SqlStorage):
             conn.execute(
                 pg_sql.SQL("SET search_path TO {}; SET jit = off").format(pg_sql.Identifier(self.schema))
             )
-            if _kernel_thread():  # a lock held elsewhere fails the statement after lock_wait
-                conn.execute(pg_sql.SQL("SET lock_timeout = {}").format(f"{round(self.lock_wait * 1000)}ms"))
             conn.autocommit = autocommit
             return conn
         except psycopg.Error as exc:
             raise StorageError(f"cannot connect to {self._where}: {exc}") from exc
 
+    def _set_up_for(self, conn: psycopg.Connection[Any], kernel: bool) -> None:
+        """On the kernel's thread a lock held elsewhere fails the statement after lock_wait;
+        a worker's threads wait it out (_run retries)."""
+        if kernel:
+            conn.execute(pg_sql.SQL("SET lock_timeout = {}").format(f"{round(self.lock_wait * 1000)}ms"))
+        else:
+            conn.execute("RESET lock_timeout")
+
     def _conn(self) -> psycopg.Connection[Any]:
-        held: _Held | None = getattr(self._local, "held", None)
-        if held is None or held.conn.closed or held.conn.broken:
-            if self._closed:
-                raise StorageError(f"{self._where}: the queue is closed")
+        """The connection this thread's statement uses: an idle one of the queue (preferably
+        one set up for this kind of thread), else a new one."""
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is not None and not (conn.closed or conn.broken):
+            return conn
+        if conn is not None:  # the server went away: the idle ones are likely cut too
+            self._local.conn = None
+            self._forget(conn, *self._take_idle())
+        if self._closed:
+            raise StorageError(f"{self._where}: the queue is closed")
+        kernel = _kernel_thread()
+        with self._all_lock:
+            idle = next((i for i in reversed(self._idle) if i.kernel == kernel), None)
+            idle = idle or (self._idle[-1] if self._idle else None)
+            if idle is not None:
+                self._idle.remove(idle)
+        conn = None if idle is None else idle.conn
+        if idle is not None and idle.kernel != kernel:
+            try:
+                self._set_up_for(idle.conn, kernel)
+            except psycopg.Error:  # cut while idle: a new one instead
+                self._forget(idle.conn, *self._take_idle())
+                conn = None
+        if conn is None:
             conn = self._connect(autocommit=True)  # each verb is one statement: one round trip
-            held = _Held(conn)
-            # A thread's connection closes when the thread ends (its locals are dropped), so
-            # short-lived threads cannot use up the server's connection slots.
-            weakref.finalize(held, _release, conn, self._all, self._all_lock)
-            self._local.held = held
+            if kernel:  # a new connection is as a worker's thread needs it
+                self._set_up_for(conn, kernel)
             with self._all_lock:
                 self._all.append(conn)
-        return held.conn
+        self._local.conn = conn
+        return conn
+
+    def _take_idle(self) -> list[psycopg.Connection[Any]]:
+        with self._all_lock:
+            taken = [i.conn for i in self._idle]
+            self._idle.clear()
+        return taken
+
+    def _give_back(self) -> None:
+        """The thread's statement is over: its connection waits for the next one (of any thread),
+        unless it is unusable; connections idle for IDLE_SECONDS are closed."""
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is None:
+            return
+        reusable = not (conn.closed or conn.broken) and conn.info.transaction_status == TransactionStatus.IDLE
+        now = time.monotonic()
+        with self._all_lock:
+            stale = [i for i in self._idle if now - i.since > IDLE_SECONDS]
+            self._idle = [i for i in self._idle if i not in stale]
+            if reusable and not self._closed:
+                self._idle.append(_Idle(conn, _kernel_thread(), now))
+        self._forget(*[i.conn for i in stale], *([] if reusable and not self._closed else [conn]))
+
+    def _forget(self, *conns: psycopg.Connection[Any]) -> None:
+        """Close connections for good."""
+        for conn in conns:
+            with self._all_lock:
+                if conn in self._all:
+                    self._all.remove(conn)
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
 
     def _run(
         self,
@@ -250,6 +299,21 @@ class PostgresStorage(SqlStorage):
         `committed` then reads back whether it did (its answer, or None), so that a write is
         never done twice; without it, `work` must be safe to repeat (a read, a heartbeat).
         """
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1  # a `committed` read-back runs inside: one connection
+        try:
+            return self._attempt(work, transaction, committed)
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                self._give_back()
+
+    def _attempt(
+        self,
+        work: Callable[[psycopg.Cursor[Any]], T],
+        transaction: bool,
+        committed: Callable[[], T | None] | None,
+    ) -> T:
         patience = self.lock_wait if _kernel_thread() else LOCKED_RETRY_SECONDS
         deadline = time.monotonic() + patience
         attempt = 0
@@ -579,6 +643,7 @@ class PostgresStorage(SqlStorage):
                 with conn.lock, contextlib.suppress(psycopg.Error):
                     conn.close()
             self._all.clear()
+            self._idle.clear()
         with self._listen_lock:
             self._drop_listener()
         self._local = threading.local()

@@ -225,6 +225,7 @@ def test_an_object_of_the_callers_loop_used_in_a_job_is_explained(queue: Queue) 
     assert "ForeignLoopError" in (done.error or "") and "per_loop" in (done.error or "")
 
 
+@pytest.mark.slow  # real seconds: the loop is blocked for more than one
 def test_a_coroutine_that_blocks_the_loop_is_logged_with_its_job_id(
     queue: Queue, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -111,6 +111,7 @@ def test_queue_errors_exit_1_with_one_line(db: str, tmp_path: Path) -> None:
     assert done.returncode == 1 and "not" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # real seconds: a worker process is signalled
 def test_worker_runs_imported_tasks_and_stops_gracefully_on_sigterm(db: str, tmp_path: Path) -> None:
     (tmp_path / "mytasks.py").write_text(
         textwrap.dedent(

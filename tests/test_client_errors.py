@@ -401,7 +401,8 @@ def test_retry_after_zero_waits_a_second_each_time(make_queue: Callable[..., Que
     assert "the least" in (queue.get(job.id).error or "")
 
 
-@pytest.mark.parametrize("mode", ["refused", "reset", "hang"])
+# A hang waits out the client's real read timeout on each attempt: slow.
+@pytest.mark.parametrize("mode", ["refused", "reset", pytest.param("hang", marks=pytest.mark.slow)])
 def test_network_errors_in_a_job_are_retried(
     make_queue: Callable[..., Queue], server: Server, mode: str
 ) -> None:

@@ -8,6 +8,7 @@ only for type checking count too: a circle of types is still a circle to read.
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ def resolve(current: str, node: ast.ImportFrom) -> str:
     return f"{package}.{node.module}" if node.module else package
 
 
+@cache  # the layout tests ask for every module's imports many times over
 def imports(name: str) -> list[tuple[str, str, int]]:
     """(imported module, imported name, line) for every import in a module of the package."""
     tree = ast.parse(MODULES[name].read_text())

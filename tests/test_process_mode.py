@@ -30,6 +30,7 @@ from tests.helpers import QUICK_RETRY, alive, kill_all, read_pids, wait_until, w
 EVIL_PICKLE = "cposix\nsystem\n(S'touch {sentinel}'\ntR."
 
 
+@pytest.mark.slow  # real seconds: a timeout fires
 def test_process_mode_kills_a_job_at_its_timeout(queue: Queue, tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"
 
@@ -99,6 +100,7 @@ def test_process_mode_returns_results_output_progress_and_errors(queue: Queue, t
     assert "ValueError: no good in the child" in (dead.error or "")
 
 
+@pytest.mark.slow  # real seconds: a hung child is waited for, then killed
 def test_stop_kills_a_hung_child_releases_its_job_and_returns_true(queue: Queue, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
 
@@ -161,7 +163,8 @@ def test_a_pickle_sent_up_the_pipe_is_never_loaded(queue: Queue, tmp_path: Path,
     assert "not JSON (nothing it sends is unpickled)" in (dead.error or "")
 
 
-@pytest.mark.parametrize("how", ["timeout", "cancel", "stop"])
+# "timeout" waits for a real timeout to fire: slow.
+@pytest.mark.parametrize("how", [pytest.param("timeout", marks=pytest.mark.slow), "cancel", "stop"])
 def test_killing_a_child_kills_the_subprocesses_it_started(queue: Queue, tmp_path: Path, how: str) -> None:
     pid_file = tmp_path / "pids"
 

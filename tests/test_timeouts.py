@@ -18,6 +18,7 @@ from nbqueue import Backoff, Queue
 from tests.helpers import QUICK_RETRY, wait_until
 
 
+@pytest.mark.slow  # real seconds: a timeout fires
 def test_thread_timeout_fails_retries_keeps_capacity_and_refuses_the_late_result(
     queue: Queue, gate: threading.Event
 ) -> None:
@@ -60,6 +61,7 @@ def test_thread_timeout_fails_retries_keeps_capacity_and_refuses_the_late_result
     assert (worker.completed, worker.failed) == (1, 2)
 
 
+@pytest.mark.slow  # real seconds: a timeout fires, then a retry
 def test_a_timed_out_attempt_returning_during_its_retry_is_refused(queue: Queue) -> None:
     gates = [threading.Event(), threading.Event()]
     runs: list[threading.Thread] = []
@@ -138,6 +140,7 @@ def test_stop_does_not_wait_for_a_timed_out_handler(tmp_path: Path, gate: thread
         q.close()
 
 
+@pytest.mark.slow  # real seconds: a timeout fires
 def test_a_cooperative_handler_is_stopped_at_its_timeout(queue: Queue) -> None:
     stopped: list[str] = []
 

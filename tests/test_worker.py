@@ -108,6 +108,7 @@ def test_concurrency_runs_jobs_in_parallel(queue: Queue) -> None:
     assert not barrier.broken
 
 
+@pytest.mark.slow  # real seconds: a job outlives its lease
 def test_heartbeats_keep_a_long_job_alive(queue: Queue) -> None:
     @queue.task(max_retries=3)
     def slow() -> str:

@@ -357,6 +357,7 @@ def test_cell_wait_returns_the_finished_job(ip: Any) -> None:
     assert (job.status, job.value) == (State.COMPLETED, 42)
 
 
+@pytest.mark.slow  # real seconds: the default backoff (about 2 s)
 def test_a_raising_cell_is_retried_then_dead_with_its_traceback(ip: Any) -> None:
     q = current(ip)
     run(ip, "runs = []")
@@ -546,6 +547,7 @@ def test_the_magic_opens_nbqueue_url_when_no_path_is_given(
 # -- only this user's jobs run in the kernel ------------------------------------------------
 
 
+@pytest.mark.slow  # real seconds: a second in which nothing may happen
 def test_the_worker_never_adopts_a_function_for_a_row_another_process_wrote(ip: Any, tmp_path: Path) -> None:
     """A hand-written row naming a notebook function (`remove_it`) must not make the kernel call it."""
     precious = tmp_path / "precious.txt"

@@ -987,6 +987,7 @@ def test_worker_survives_the_clock_jumping_back(place: Place) -> None:
 # -- a handler that hangs ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # real seconds: a timeout fires
 def test_a_handler_hanging_past_its_timeout_is_retried_and_its_late_return_refused(place: Place) -> None:
     """Not a storage fault, but the late return is refused by storage: run on both."""
     with place.open() as q:

@@ -333,6 +333,7 @@ def test_a_stale_worker_thread_cannot_record_a_step(make_queue: MakeQueue) -> No
     assert calls == [0, 1]
 
 
+@pytest.mark.slow  # real seconds: a lease runs out
 def test_a_stale_claim_cannot_record_a_step_at_any_point_after_its_lease(make_queue: MakeQueue) -> None:
     """The claim's step book, used after its lease ended: not yet recovered, recovered (failed),
     taken by another claim (which records), and after that claim completed. Every record through

@@ -25,7 +25,7 @@ BENCH_PEERS := huey litequeue procrastinate 'pgqueuer[asyncpg]'
 help:
 	@echo "make demo     run a short real scenario, then execute the quickstart notebook into build/"
 	@echo "make test     install into .venv, lint, run the tests and the tutorial notebooks (about 7 minutes here)"
-	@echo "make test-fast  the everyday loop (about 80 s here): tests not marked slow or ui, in $(JOBS) processes"
+	@echo "make test-fast  the everyday loop (55-65 s here): tests not marked slow or ui, in $(JOBS) processes"
 	@echo "make test-ui  JupyterLab in headless Chromium: the board and dead-letter view really work"
 	@echo "make soak     the reliability suite, long: 500 worker kills, 100,000 contended jobs (NBQUEUE_SOAK=2 doubles it)"
 	@echo "make lab      open JupyterLab on notebooks/"

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter
@@ -196,7 +196,7 @@ class JobManager:
         def make(index: int, ids: list[int], workflow_id: int | None) -> NewJob:
             if workflow_id is not None and not made_in:
                 made_in.append(workflow_id)
-            return self._new_from_plan(plans[index], workflows.temporary_ids(workflow, ids), workflow_id)
+            return self._new_from_plan(plans[index], workflows.WrittenIds(ids), workflow_id)
 
         made = self.storage.insert_linked(len(plans), make, workflow.name)
         return made_in[0], self.get_many([job_id for job_id, _ in made])
@@ -209,7 +209,7 @@ class JobManager:
         origin = workflows.origin_of(running.job.id, plan.task, self._body(plan, {}), running.made)
         return replace(plan, origin=origin)
 
-    def _body(self, plan: Plan, ids: dict[int, int]) -> str:
+    def _body(self, plan: Plan, ids: Mapping[int, int]) -> str:
         if not plan.placeholders:  # nothing to write as markers (the common case: no walk)
             return (
                 payload_json.dumps(plan.payload, "payload")
@@ -220,7 +220,7 @@ class JobManager:
             return payload_json.dumps(dependencies.encode(plan.payload, ids), "payload")
         return call_body(dependencies.encode(list(plan.args), ids), dependencies.encode(plan.kwargs, ids))
 
-    def _new_from_plan(self, plan: Plan, ids: dict[int, int], workflow: int | None) -> NewJob:
+    def _new_from_plan(self, plan: Plan, ids: Mapping[int, int], workflow: int | None) -> NewJob:
         body = self._body(plan, ids)
         new = self._new_job(
             plan.task, body, plan.options, plan.backoff, plan.signed and plan.task is not None

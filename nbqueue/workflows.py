@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -141,9 +141,23 @@ def active() -> Workflow | None:
     return _active.get()
 
 
-def temporary_ids(workflow: Workflow, written: list[int]) -> dict[int, int]:
-    """A workflow's placeholder ids (-1, -2, ...) -> the ids its jobs were given so far."""
-    return {-(i + 1): job_id for i, job_id in enumerate(written)}
+class WrittenIds(Mapping[int, int]):
+    """A workflow's placeholder ids (-1, -2, ...) -> the ids its jobs were given so far: a view
+    of the list the write fills (a copy per job made writing n jobs cost n**2)."""
+
+    def __init__(self, written: Sequence[int]) -> None:
+        self._written = written
+
+    def __getitem__(self, placeholder: int) -> int:
+        if placeholder < 0 and -placeholder <= len(self._written):
+            return self._written[-placeholder - 1]
+        raise KeyError(placeholder)
+
+    def __len__(self) -> int:
+        return len(self._written)
+
+    def __iter__(self) -> Iterator[int]:
+        return (-(i + 1) for i in range(len(self._written)))
 
 
 def check_name(name: object) -> str:

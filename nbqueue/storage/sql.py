@@ -157,8 +157,10 @@ class SqlStorage:
         def work(tx: Tx) -> list[tuple[int, bool]]:
             wf = None if workflow is None else int(tx(sql.NEW_WORKFLOW, {"name": workflow, "now": now})[0][0])
             made: list[tuple[int, bool]] = []
+            ids: list[int] = []  # grows as jobs are written; `make` reads it, never keeps it
             for i in range(count):
-                made.append(cascade.link(tx, make(i, [job_id for job_id, _ in made], wf), now, token))
+                made.append(cascade.link(tx, make(i, ids, wf), now, token))
+                ids.append(made[-1][0])
             tx(sql.WAKE, {})
             return made
 

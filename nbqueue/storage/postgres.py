@@ -190,7 +190,7 @@ class PostgresStorage(SqlStorage):
 
     # -- connections -----------------------------------------------------------
 
-    def _connect(self, autocommit: bool = False) -> psycopg.Connection[Any]:
+    def _connect(self, autocommit: bool = False, kernel: bool = False) -> psycopg.Connection[Any]:
         # "normal" keeps the server's own synchronous_commit (on, unless a DBA chose
         # otherwise): an acknowledged job survives a crash of the server too. "full" asks
         # for it explicitly, whatever the server's default.
@@ -210,6 +210,8 @@ class PostgresStorage(SqlStorage):
             conn.execute(
                 pg_sql.SQL("SET search_path TO {}; SET jit = off").format(pg_sql.Identifier(self.schema))
             )
+            if kernel:  # a new connection is as a worker's thread needs it otherwise
+                self._set_up_for(conn, kernel)
             conn.autocommit = autocommit
             return conn
         except psycopg.Error as exc:
@@ -248,9 +250,7 @@ class PostgresStorage(SqlStorage):
                 self._forget(idle.conn, *self._take_idle())
                 conn = None
         if conn is None:
-            conn = self._connect(autocommit=True)  # each verb is one statement: one round trip
-            if kernel:  # a new connection is as a worker's thread needs it
-                self._set_up_for(conn, kernel)
+            conn = self._connect(autocommit=True, kernel=kernel)  # each verb is one statement: one round trip
             with self._all_lock:
                 self._all.append(conn)
         self._local.conn = conn

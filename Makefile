@@ -25,7 +25,8 @@ BENCH_PEERS := huey litequeue procrastinate 'pgqueuer[asyncpg]'
 help:
 	@echo "make demo     run a short real scenario, then execute the quickstart notebook into build/"
 	@echo "make test     install into .venv, lint, run the tests and the tutorial notebooks (about 7 minutes here)"
-	@echo "make test-fast  the everyday loop (55-65 s here): tests not marked slow or ui, in $(JOBS) processes"
+	@echo "make test-fast  the everyday loop (45-50 s here): tests not marked slow or ui, the contract suite on SQLite"
+	@echo "               (BACKENDS=postgres: its PostgreSQL half), in $(JOBS) processes"
 	@echo "make test-ui  JupyterLab in headless Chromium: the board and dead-letter view really work"
 	@echo "make soak     the reliability suite, long: 500 worker kills, 100,000 contended jobs (NBQUEUE_SOAK=2 doubles it)"
 	@echo "make lab      open JupyterLab on notebooks/"
@@ -52,10 +53,12 @@ test: lint
 	$(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
 	$(MAKE) test-notebooks test-slow
 
-# The everyday loop: the models at fewer examples (NBQUEUE_TEST_PROFILE=fast), the slowest ten
-# named at the end; the pytest cache is on, so `pytest --lf` reruns what failed.
+# The everyday loop: the contract suite on SQLite (BACKENDS=postgres for its other half; the
+# PostgreSQL-only tests run either way), the models at fewer examples (NBQUEUE_TEST_PROFILE=fast),
+# the slowest ten named at the end; the pytest cache is on, so `pytest --lf` reruns what failed.
+BACKENDS ?= sqlite
 test-fast: $(STAMP)
-	NBQUEUE_TEST_PROFILE=fast $(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
+	NBQUEUE_TEST_BACKENDS=$(BACKENDS) NBQUEUE_TEST_PROFILE=fast $(PYTEST) -q -m "not slow and not ui" -n $(JOBS) --durations=10 --timeout=60
 
 # One process per notebook (its cells run in order in one kernel), two at a time.
 test-notebooks: $(STAMP)

@@ -10,6 +10,7 @@ import io
 import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -122,3 +123,18 @@ FAST_EXAMPLES = 15
 def examples(full: int) -> int:
     """How many examples a property test runs: `full`, or at most FAST_EXAMPLES in the fast profile."""
     return min(full, FAST_EXAMPLES) if TEST_PROFILE == "fast" else full
+
+
+def snapshot(path: Path) -> list[tuple[Any, ...]]:
+    """Every row of every nbqueue table, straight from the file."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'nbqueue%' ORDER BY name"
+            )
+        ]
+        return [(t, *row) for t in tables for row in conn.execute(f'SELECT * FROM "{t}" ORDER BY 1, 2')]
+    finally:
+        conn.close()

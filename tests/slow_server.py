@@ -42,7 +42,8 @@ async def main() -> None:
     app.router.add_get("/", ok)
     app.router.add_get("/slow", slow)
     app.router.add_get("/stats", stats)
-    runner = web.AppRunner(app, handle_signals=False)
+    # At the end, requests still open (a /slow a test gave up on) are cut at once, not awaited.
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -18,6 +18,7 @@ from .errors import MissingDependency
 from .jobs import COLUMNS as STORED
 from .jobs import Job, State
 from .limits import format_rate
+from .records import AttemptRow, LimitRow, StepRow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,9 +91,9 @@ def _time(value: Any) -> Any:
     return from_us(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _next_start(row: Sequence[Any], now_us: int) -> float:
+def _next_start(row: LimitRow, now_us: int) -> float:
     """Seconds until the key's rate lets one more unit start (0: it may start now)."""
-    rate, burst, tat = row[2], float(row[3] or 0), int(row[4] or 0)
+    rate, burst, tat = row.rate, float(row.burst or 0), int(row.tat or 0)
     if not rate:
         return 0.0
     return max(0.0, (tat - burst * 1e6 / float(rate) - now_us) / 1e6)
@@ -111,30 +112,30 @@ _LIMIT_COLUMNS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
 )
 
 
-def _limit_damage(row: Sequence[Any]) -> str | None:
+def _limit_damage(row: LimitRow) -> str | None:
     """What is wrong with a limits row written by hand (text where a number belongs, a BLOB, a
     time out of range), or None: such a row is listed as damaged, never stops the frame."""
-    for (name, kind, types), value in zip(_LIMIT_COLUMNS, row[:8], strict=True):
+    for (name, kind, types), value in zip(_LIMIT_COLUMNS, row, strict=True):
         if isinstance(value, bool) or not isinstance(value, types):
             return f"its {name} is {value!r:.40}, not {kind}"
         endless = isinstance(value, float) and not math.isfinite(value)
         if endless or (name == "rate" and isinstance(value, int | float) and value <= 0):
             return f"its {name} is {value!r}"  # nbqueue writes only finite rates above zero
     try:
-        from_us(row[5])
+        from_us(row.paused_until)
     except (OverflowError, ValueError, OSError):
-        return f"its paused_until {row[5]!r} is no time"
+        return f"its paused_until {row.paused_until!r} is no time"
     return None
 
 
-def limits_frame(rows: Sequence[Sequence[Any]], waiting: dict[str, int], now_us: int) -> pd.DataFrame:
+def limits_frame(rows: Sequence[LimitRow], waiting: dict[str, int], now_us: int) -> pd.DataFrame:
     """One row per limit key: what it allows, what holds it now, what waits, when its rate lets the
     next start go, and its pause; `damaged` says what is wrong with a row written by hand (its
     other columns then empty)."""
     pandas = _pandas()
     damage = [_limit_damage(r) for r in rows]
     rows = [
-        r if why is None else (str(r[0]), None, None, 0.0, 0, None, None, 0)
+        r if why is None else LimitRow(str(r.key), None, None, 0.0, 0, None, None, 0)
         for r, why in zip(rows, damage, strict=True)
     ]
 
@@ -143,15 +144,19 @@ def limits_frame(rows: Sequence[Sequence[Any]], waiting: dict[str, int], now_us:
 
     frame = pandas.DataFrame(
         {
-            "key": pandas.array([r[0] for r in rows], dtype="string"),
-            "concurrency": pandas.array([r[1] for r in rows], dtype="Int64"),
-            "rate": pandas.array([None if r[2] is None else format_rate(r[2]) for r in rows], dtype="string"),
-            "burst": pandas.array([r[3] for r in rows], dtype="float64"),
-            "in_flight": pandas.array([int(r[7] or 0) for r in rows], dtype="int64"),
-            "waiting": pandas.array([waiting.get(r[0], 0) for r in rows], dtype="int64"),
+            "key": pandas.array([r.key for r in rows], dtype="string"),
+            "concurrency": pandas.array([r.concurrency for r in rows], dtype="Int64"),
+            "rate": pandas.array(
+                [None if r.rate is None else format_rate(r.rate) for r in rows], dtype="string"
+            ),
+            "burst": pandas.array([r.burst for r in rows], dtype="float64"),
+            "in_flight": pandas.array([int(r.in_flight or 0) for r in rows], dtype="int64"),
+            "waiting": pandas.array([waiting.get(r.key, 0) for r in rows], dtype="int64"),
             "next_start_in": pandas.array([_next_start(r, now_us) for r in rows], dtype="float64"),
-            "paused_until": pandas.to_datetime([paused(r[5]) for r in rows], utc=True),
-            "paused_why": pandas.array([r[6] if paused(r[5]) else None for r in rows], dtype="string"),
+            "paused_until": pandas.to_datetime([paused(r.paused_until) for r in rows], utc=True),
+            "paused_why": pandas.array(
+                [r.paused_why if paused(r.paused_until) else None for r in rows], dtype="string"
+            ),
             "damaged": pandas.array(damage, dtype="string"),
         }
     )
@@ -194,21 +199,21 @@ def stored_value(text: str | None) -> Any:
         return text
 
 
-def steps_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
-    """One row per recorded step (name, value, error, attempt, started_at, finished_at as stored):
-    step, status, attempt, started, finished, value (decoded JSON), error."""
+def steps_frame(rows: Sequence[StepRow]) -> pd.DataFrame:
+    """One row per recorded step: step, status, attempt, started, finished, value (decoded JSON), error."""
     pandas = _pandas()
     frame = pandas.DataFrame(
         {
-            "step": pandas.array([r[0] for r in rows], dtype="string"),
+            "step": pandas.array([r.name for r in rows], dtype="string"),
             "status": pandas.Categorical(
-                ["completed" if r[2] is None else "failed" for r in rows], categories=["completed", "failed"]
+                ["completed" if r.error is None else "failed" for r in rows],
+                categories=["completed", "failed"],
             ),
-            "attempt": pandas.array([r[3] for r in rows], dtype="int64"),
-            "started": pandas.to_datetime([_time(r[4]) for r in rows], utc=True),
-            "finished": pandas.to_datetime([_time(r[5]) for r in rows], utc=True),
-            "value": [stored_value(r[1]) for r in rows],
-            "error": pandas.array([r[2] for r in rows], dtype="string"),
+            "attempt": pandas.array([r.attempt for r in rows], dtype="int64"),
+            "started": pandas.to_datetime([_time(r.started_at) for r in rows], utc=True),
+            "finished": pandas.to_datetime([_time(r.finished_at) for r in rows], utc=True),
+            "value": [stored_value(r.value) for r in rows],
+            "error": pandas.array([r.error for r in rows], dtype="string"),
         }
     )
     result: pd.DataFrame = frame
@@ -239,25 +244,29 @@ def with_failures(frame: pd.DataFrame, failures: dict[int, int]) -> pd.DataFrame
     return frame
 
 
-def attempts_frame(rows: Sequence[Sequence[Any]]) -> pd.DataFrame:
-    """One row per attempt (storage's attempt rows, in order): attempt, started, finished,
+def attempts_frame(rows: Sequence[AttemptRow]) -> pd.DataFrame:
+    """One row per attempt (in order): attempt, started, finished,
     duration (seconds, NaN while running), worker, host, pid, outcome ("running" while it runs), error."""
     pandas = _pandas()
-    started = pandas.to_datetime([_time(r[1]) for r in rows], utc=True)
-    finished = pandas.to_datetime([_time(r[2]) for r in rows], utc=True)
+    started = pandas.to_datetime([_time(r.started_at) for r in rows], utc=True)
+    finished = pandas.to_datetime([_time(r.finished_at) for r in rows], utc=True)
     frame = pandas.DataFrame(
         {
-            "attempt": pandas.array([int(r[0]) for r in rows], dtype="int64"),
+            "attempt": pandas.array([int(r.attempt) for r in rows], dtype="int64"),
             "started": started,
             "finished": finished,
             "duration": pandas.array(
-                [(r[2] - r[1]) / 1e6 if r[2] is not None else float("nan") for r in rows], dtype="float64"
+                [
+                    (r.finished_at - r.started_at) / 1e6 if r.finished_at is not None else float("nan")
+                    for r in rows
+                ],
+                dtype="float64",
             ),
-            "worker": pandas.array([r[3] for r in rows], dtype="string"),
-            "host": pandas.array([r[4] for r in rows], dtype="string"),
-            "pid": pandas.array([r[5] for r in rows], dtype="Int64"),
-            "outcome": pandas.array([r[6] or "running" for r in rows], dtype="string"),
-            "error": pandas.Series([r[7] for r in rows], dtype="object"),
+            "worker": pandas.array([r.worker_id for r in rows], dtype="string"),
+            "host": pandas.array([r.host for r in rows], dtype="string"),
+            "pid": pandas.array([r.pid for r in rows], dtype="Int64"),
+            "outcome": pandas.array([r.outcome or "running" for r in rows], dtype="string"),
+            "error": pandas.Series([r.error for r in rows], dtype="object"),
         }
     )
     result: pd.DataFrame = frame

@@ -53,9 +53,19 @@ from .jobs import (
 )
 from .options import JobArgs, JobOptions, check_id, gate, read_stored, stored
 from .payload import call_body, check_output, error_text
+from .records import AttemptRow, LimitRow, StepRow
 from .retry import Backoff
 from .schedule import Cron, Every
-from .storage import ClaimRequest, Completion, Filter, NewJob, Row, StepRecord, Storage, StoredSchedule
+from .storage import (
+    ClaimRequest,
+    Completion,
+    Filter,
+    NewJob,
+    Row,
+    StepRecord,
+    Storage,
+    StoredSchedule,
+)
 from .tasks import Task
 from .trust import Trust
 from .workflows import Plan, Planned, Workflow
@@ -330,9 +340,9 @@ class JobManager:
                 row = self.storage.claim(request)
             if row is None:
                 return None
-            if int(row[0]) in unfit:
-                log.warning("%s: dead", unfit[int(row[0])])
-                self.storage.bury(int(row[0]), unfit[int(row[0])])
+            if row.id in unfit:
+                log.warning("%s: dead", unfit[row.id])
+                self.storage.bury(row.id, unfit[row.id])
                 continue
             job = self._decode_or_bury(row, request)
             if job is not None:
@@ -401,7 +411,7 @@ class JobManager:
         self._limits_open_at = min((at for at in opening if at is not None), default=None)
         return None
 
-    def _decode_or_bury(self, row: Row, request: ClaimRequest) -> Job | None:
+    def _decode_or_bury(self, row: JobRow, request: ClaimRequest) -> Job | None:
         """`_decode_claimed`, and whatever else the row makes it raise buries the job with why:
         it is claimed already, and a raw error here would leave it running until its lease ends."""
         try:
@@ -409,12 +419,12 @@ class JobManager:
         except NbqueueError:  # the storage failed: the lease brings the job back
             raise
         except Exception as exc:
-            why = f"job {row[0]}: its stored row cannot be run ({type(exc).__name__}: {str(exc)[:200]})"
+            why = f"job {row.id}: its stored row cannot be run ({type(exc).__name__}: {str(exc)[:200]})"
             log.exception("%s", why)
-            self.storage.bury(int(row[0]), why)
+            self.storage.bury(row.id, why)
             return None
 
-    def _decode_claimed(self, row: Row, request: ClaimRequest) -> Job | None:
+    def _decode_claimed(self, row: JobRow, request: ClaimRequest) -> Job | None:
         """A claimed row as a Job, or None if it may not run here.
 
         A damaged row is buried (dead, with why) so it never blocks the queue. A job of a
@@ -424,13 +434,13 @@ class JobManager:
         try:
             job = from_row(row).attach(self)
         except DamagedJob as exc:
-            self.storage.bury(int(row[0]), str(exc))
+            self.storage.bury(row.id, str(exc))
             return None
         signed = job.task in (request.where.signed or ())
         refusal = self.trust.refusal(row) if signed else None
-        if refusal is None and dependencies.MARK in row[4]:  # result_of: the parents' results, now final
+        if refusal is None and dependencies.MARK in row.payload:  # result_of: the parents' results, now final
             wanted = dependencies.markers(job.payload)
-            rows = {int(r[0]): r for r in self.storage.get_many(wanted)}
+            rows = {r.id: r for r in self.storage.get_many(wanted)}
             refusal = self.trust.parents_refusal(rows, wanted) if signed else None
             parents = {p.id: (p.status, p.value, p.error) for p in map(listed, rows.values())}
             job.payload = dependencies.resolve(job.payload, parents)
@@ -544,7 +554,7 @@ class JobManager:
                 try:
                     job = from_row(row).attach(self)
                 except DamagedJob as exc:
-                    self.storage.bury(int(row[0]), str(exc))
+                    self.storage.bury(row.id, str(exc))
                     continue
                 failure = policy.after_failure(job, self.backoff)
                 if self.storage.fail(
@@ -571,7 +581,7 @@ class JobManager:
             try:
                 job = from_row(row).attach(self)
             except DamagedJob as exc:
-                self.storage.bury(int(row[0]), str(exc))
+                self.storage.bury(row.id, str(exc))
                 continue
             failure = policy.after_failure(job, self.backoff)
             why = policy.worker_gone(pid, HOST)
@@ -601,7 +611,7 @@ class JobManager:
                     found.add(int(job_id))
         return found
 
-    def attempts(self, job_id: int) -> list[Row]:
+    def attempts(self, job_id: int) -> list[AttemptRow]:
         """A job's attempts (attempt, started_at, finished_at, worker_id, host, pid, outcome, error);
         raises JobNotFound for an unknown job."""
         rows = self.storage.attempts(check_id(job_id))
@@ -769,7 +779,7 @@ class JobManager:
         signature = None if task is not None and not task.signed else self.trust.resign(row, body)
         if signature is None and (task is None or task.signed):
             raise InvalidTransition(policy.not_reloaded(job.id))
-        if not self.storage.repin(job.id, row[4], body, signature):
+        if not self.storage.repin(job.id, row.payload, body, signature):
             raise InvalidTransition(
                 f"job {job.id} is {self.get(job.id).status.value}; "
                 "only a dead or cancelled job takes new input"
@@ -836,7 +846,7 @@ class JobManager:
         reload checks every job before it writes any)."""
         for row in self.storage.get_many([job.id for job in jobs]) if jobs else ():
             if self.trust.resign(row) is None:
-                raise InvalidTransition(policy.not_reloaded(int(row[0])))
+                raise InvalidTransition(policy.not_reloaded(row.id))
 
     def _resign(self, job_ids: Sequence[int]) -> None:
         """Give signed jobs about to start afresh (requeue, replay) a fresh nonce, each only if its
@@ -845,7 +855,7 @@ class JobManager:
         for row in self.storage.get_many(job_ids) if job_ids else ():
             signature = self.trust.resign(row)
             if signature is not None:
-                self.storage.sign(int(row[0]), row[4], signature, row[25])
+                self.storage.sign(row.id, row.payload, signature, row.signature)
 
     def _signed_dead(self, page: int = 1000) -> list[int]:
         """The ids of dead jobs that carry a signature (none read when no dead job is signed)."""
@@ -854,7 +864,7 @@ class JobManager:
         found: list[int] = []
         for offset in range(0, 2**62, page):
             rows = self.storage.rows([State.DEAD], None, page, offset, brief=True)
-            found += [int(row[0]) for row in rows if row[25]]
+            found += [row.id for row in rows if row.signature]
             if len(rows) < page:
                 return found
         return found
@@ -939,11 +949,11 @@ class JobManager:
 
         return StepBook(job.id, lambda: self.storage.step_values(job.id), record)
 
-    def steps(self, job_id: int) -> list[Row]:
+    def steps(self, job_id: int) -> list[StepRow]:
         """A job's recorded steps: name, value, error, attempt, started_at, finished_at."""
         return self.storage.steps(check_id(job_id))
 
-    def step_previews(self, job_id: int, chars: int) -> list[Row]:
+    def step_previews(self, job_id: int, chars: int) -> list[StepRow]:
         """A job's recorded steps, each value cut to `chars` characters (a view reads no more):
         name, value, error, attempt, started_at, finished_at."""
         return self.storage.step_previews(check_id(job_id), chars)
@@ -972,7 +982,7 @@ class JobManager:
         job = self.get(job_id)
         since = EVERY_STEP
         if from_step is not None:
-            finished = {str(row[0]): int(row[5]) for row in self.storage.steps(job.id)}
+            finished = {step.name: step.finished_at for step in self.storage.steps(job.id)}
             if from_step not in finished:
                 known = ", ".join(repr(name) for name in finished) or "none"
                 raise InvalidArgument(f"job {job.id} has no step {from_step!r} (its steps: {known})")
@@ -1028,7 +1038,9 @@ class JobManager:
         """The names of the queues that hold jobs."""
         return self.storage.queues()
 
-    def rows(self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int) -> list[Row]:
+    def rows(
+        self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int
+    ) -> list[JobRow]:
         """A page of raw rows, newest first (for DataFrames, which must show damaged rows too)."""
         return self.storage.rows(statuses, queue, limit, offset)
 
@@ -1066,7 +1078,7 @@ class JobManager:
             row = self.storage.get(job_id)
             if row is None:
                 raise JobNotFound(f"no job with id {job_id}")
-            if row[3] is None:
+            if row.task is None:
                 raise InvalidArgument(f"job {job_id} is a raw payload job; only task jobs are signed")
             if isinstance(given, Job):
                 changed = policy.changed_since(given, from_row(row))
@@ -1107,7 +1119,7 @@ class JobManager:
         """End a key's pause."""
         return self.storage.resume(key)
 
-    def limit_rows(self) -> tuple[list[Row], list[Row], int]:
+    def limit_rows(self) -> tuple[list[LimitRow], list[Row], int]:
         """The limits as stored, with their in-flight units, the jobs waiting per key, and the time
         (the queue's clock, as the pauses and rates were written with it)."""
         return self.storage.limits()

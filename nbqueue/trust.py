@@ -16,36 +16,29 @@ without a signature pay nothing for any of this.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from . import policy, signing
 from . import tasks as registry
-from .jobs import COLUMNS, State
+from .jobs import JobRow, State
+from .records import RunRow
 
-Row = tuple[Any, ...]  # a job row in nbqueue.jobs.COLUMNS order, or a run (nonce, job_id, finished_at, mac)
-Runs = Callable[[Sequence[str]], dict[str, Row]]  # the storage's `runs`
+Runs = Callable[[Sequence[str]], dict[str, RunRow]]  # the storage's `runs`
 Vouch = Callable[[str, int, str], bool]  # the storage's `vouch`
 
 # Positions in nbqueue.jobs.COLUMNS of what a signature covers, and of the rest read here.
-ID, STATUS, QUEUE, TASK, PAYLOAD, MAX_RETRIES, TIMEOUT, BACKOFF, RESULT, SIGNATURE, LIMITS = (
-    COLUMNS.index(name)
-    for name in (
-        *("id", "status", "queue", "task", "payload", "max_retries"),
-        *("timeout", "backoff", "result", "signature", "limits"),
-    )
-)
 
 
-def covered(row: Row, payload: str | None = None) -> signing.Covered:
+def covered(row: JobRow, payload: str | None = None) -> signing.Covered:
     """What a stored job's signature covers (with `payload` instead of the stored one)."""
     return signing.Covered(
-        str(row[TASK]),
-        row[PAYLOAD] if payload is None else payload,
-        row[QUEUE],
-        row[MAX_RETRIES],
-        row[TIMEOUT],
-        row[BACKOFF],
-        row[LIMITS],
+        str(row.task),
+        row.payload if payload is None else payload,
+        row.queue,
+        row.max_retries,
+        row.timeout,
+        row.backoff,
+        row.limits,
     )
 
 
@@ -84,45 +77,45 @@ class Trust:
         )
         return signing.sign_job(self.identity, job)
 
-    def resign(self, row: Row, payload: str | None = None) -> str | None:
+    def resign(self, row: JobRow, payload: str | None = None) -> str | None:
         """A fresh signature (with `payload`, if given) for a row whose signature verifies and
         is bound to no other job; None for any other row (it stays unsigned, refused until
         approved)."""
-        if not signing.verify_job(self.identity, covered(row), row[SIGNATURE]):
+        if not signing.verify_job(self.identity, covered(row), row.signature):
             return None
         run = self._run_of(row)
-        if run is not None and int(run[1]) != int(row[ID]):
+        if run is not None and run.job_id != int(row.id):
             return None
         return signing.sign_job(self.identity, covered(row, payload))
 
-    def _run_of(self, row: Row) -> Row | None:
+    def _run_of(self, row: JobRow) -> RunRow | None:
         """The run its verified signature's nonce is bound to (None: no job has claimed it yet)."""
-        nonce = signing.nonce_of(row[SIGNATURE])
+        nonce = signing.nonce_of(row.signature)
         assert nonce is not None  # a signature that verifies has one
         return self._runs([nonce]).get(nonce)
 
-    def approve(self, row: Row) -> str:
+    def approve(self, row: JobRow) -> str:
         """The signature a person's approval gives a row (a fresh nonce)."""
         return signing.sign_job(self.identity, covered(row))
 
-    def refusal(self, row: Row) -> str | None:
+    def refusal(self, row: JobRow) -> str | None:
         """Why a claimed row of a signed task must not run (None: it may)."""
-        signature = row[SIGNATURE]
+        signature = row.signature
         if not signing.verify_job(self.identity, covered(row), signature):
-            if signing.nonce_of(signature) is None and signing.verify(row[TASK], row[PAYLOAD], signature):
+            if signing.nonce_of(signature) is None and signing.verify(row.task, row.payload, signature):
                 return policy.OLD_SIGNATURE
             return policy.NOT_SIGNED
         run = self._run_of(row)  # bound by the claim's own trigger
-        if run is None or int(run[1]) != int(row[ID]):
-            return policy.signed_copy(None if run is None else int(run[1]))
-        if run[2] is not None:
+        if run is None or run.job_id != int(row.id):
+            return policy.signed_copy(None if run is None else run.job_id)
+        if run.finished_at is not None:
             return policy.RUN_ENDED
         return None
 
-    def parents_refusal(self, parents: Mapping[int, Row], wanted: Sequence[int]) -> str | None:
+    def parents_refusal(self, parents: Mapping[int, JobRow], wanted: Sequence[int]) -> str | None:
         """Why a signed job may not take these parents' results (None: each was recorded by a
         signed run of this user and is unchanged since)."""
-        nonces = {p: signing.nonce_of(row[SIGNATURE]) for p, row in parents.items()}
+        nonces = {p: signing.nonce_of(row.signature) for p, row in parents.items()}
         runs = self._runs([n for n in nonces.values() if n is not None])
         for parent in dict.fromkeys(wanted):
             row = parents.get(parent)
@@ -130,14 +123,14 @@ class Trust:
             run = None if nonce is None else runs.get(nonce)
             if row is None:
                 why = "is gone"
-            elif row[STATUS] != State.COMPLETED.value:
-                why = f"ended {row[STATUS]} (its error is not signed)"
-            elif nonce is None or not signing.verify_job(self.identity, covered(row), row[SIGNATURE]):
+            elif row.status != State.COMPLETED.value:
+                why = f"ended {row.status} (its error is not signed)"
+            elif nonce is None or not signing.verify_job(self.identity, covered(row), row.signature):
                 why = "is not a signed job of this user"
             elif (
                 run is None
-                or int(run[1]) != parent
-                or run[3] != signing.vouch(self.identity, nonce, row[RESULT])
+                or run.job_id != parent
+                or run.result_mac != signing.vouch(self.identity, nonce, row.result)
             ):
                 why = "holds a result its signed run did not record (changed since, or not vouched for)"
             else:

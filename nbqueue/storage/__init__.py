@@ -22,16 +22,16 @@ from typing import Any, NamedTuple, Protocol
 from ..clock import Clock
 from ..errors import InvalidArgument
 from ..jobs import JobRow, State
+from ..records import AttemptRow, LimitRow, RunRow, StepRow
 
 Row = tuple[Any, ...]
 Inserted = tuple[int, bool, int | None]  # id, created, created_at (microseconds)
 
 
-def claim_order(row: Row) -> tuple[int, int, int]:
+def claim_order(row: JobRow) -> tuple[int, int, int]:
     """A claimed row's place in claim order: priority first, then run_at, then id. Both
     backends sort a batch's claims by it."""
-    job = JobRow._make(row)
-    return (-job.priority, job.run_at, job.id)
+    return (-row.priority, row.run_at, row.id)
 
 
 @dataclass(slots=True)
@@ -188,11 +188,11 @@ class Storage(Protocol):
         value recorded wins; None after an error), or None if the claim is gone (nothing recorded)."""
         ...
 
-    def steps(self, job_id: int) -> list[Row]:
+    def steps(self, job_id: int) -> list[StepRow]:
         """A job's steps: name, value, error, attempt, started_at, finished_at, in the order they finished."""
         ...
 
-    def step_previews(self, job_id: int, chars: int) -> list[Row]:
+    def step_previews(self, job_id: int, chars: int) -> list[StepRow]:
         """`steps` with each value cut to its first `chars` characters (a view's preview: the
         whole value never leaves the database): name, value, error, attempt, started_at, finished_at."""
         ...
@@ -220,7 +220,7 @@ class Storage(Protocol):
         changed) if it is not finished or an unfinished job holds its key."""
         ...
 
-    def claim(self, request: ClaimRequest) -> Row | None:
+    def claim(self, request: ClaimRequest) -> JobRow | None:
         """Atomically take the best due job: highest priority, then earliest run_at, then id."""
         ...
 
@@ -228,7 +228,7 @@ class Storage(Protocol):
         """True when a claimable job the filter allows holds limit keys (claims must weigh limits)."""
         ...
 
-    def claim_limited(self, request: ClaimRequest, decide: Decide) -> Row | None:
+    def claim_limited(self, request: ClaimRequest, decide: Decide) -> JobRow | None:
         """Claim under limits, in one transaction: read the candidates and the keys' states
         (locked), let `decide` choose, take that job and store the keys' new TATs."""
         ...
@@ -245,7 +245,7 @@ class Storage(Protocol):
         """End a key's pause."""
         ...
 
-    def limits(self) -> tuple[list[Row], list[Row], int]:
+    def limits(self) -> tuple[list[LimitRow], list[Row], int]:
         """Every limit (key, concurrency, rate, burst, tat, paused_until, paused_why, in_flight),
         the claimable jobs waiting per key (key, n), and the time."""
         ...
@@ -269,7 +269,7 @@ class Storage(Protocol):
 
     def finish_batch(
         self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int
-    ) -> tuple[list[bool], list[Row], int | None]:
+    ) -> tuple[list[bool], list[JobRow], int | None]:
         """Complete `done` (each True, or False if its lease was lost), then claim up to `claims`
         jobs one by one in claim order (as that many claims would), in one transaction; and the
         time it stamped (None: the server's)."""
@@ -333,7 +333,7 @@ class Storage(Protocol):
         """This queue database's identity, which job signatures cover (nbqueue.trust)."""
         ...
 
-    def runs(self, nonces: Sequence[str]) -> dict[str, Row]:
+    def runs(self, nonces: Sequence[str]) -> dict[str, RunRow]:
         """The runs these signature nonces are bound to: nonce -> (nonce, job_id, finished_at,
         result_mac); a nonce no job has claimed yet is absent."""
         ...
@@ -375,19 +375,19 @@ class Storage(Protocol):
         """Housekeeping a worker runs now and then (PostgreSQL folds its count changes)."""
         ...
 
-    def get(self, job_id: int) -> Row | None:
+    def get(self, job_id: int) -> JobRow | None:
         """One job's row, or None."""
         ...
 
-    def get_many(self, job_ids: Sequence[int]) -> list[Row]:
+    def get_many(self, job_ids: Sequence[int]) -> list[JobRow]:
         """The rows of those ids that exist, in any order."""
         ...
 
-    def expired(self, limit: int) -> list[Row]:
+    def expired(self, limit: int) -> list[JobRow]:
         """Running jobs whose lease ended before now, oldest lease first."""
         ...
 
-    def running_on(self, host: str) -> list[tuple[Row, int | None]]:
+    def running_on(self, host: str) -> list[tuple[JobRow, int | None]]:
         """The running jobs claimed by processes of `host`, each with the claiming process's pid."""
         ...
 
@@ -395,7 +395,7 @@ class Storage(Protocol):
         """(id, status, worker_host, worker_pid, lease_until, lease_us) of those jobs that exist."""
         ...
 
-    def attempts(self, job_id: int) -> list[Row]:
+    def attempts(self, job_id: int) -> list[AttemptRow]:
         """A job's attempts: attempt, started_at, finished_at, worker_id, host, pid, outcome, error."""
         ...
 
@@ -426,7 +426,7 @@ class Storage(Protocol):
         limit: int,
         offset: int = 0,
         brief: bool = False,
-    ) -> list[Row]:
+    ) -> list[JobRow]:
         """A page of jobs, newest first; `brief`: without payload, result and output, and only the
         end of the error text (what a listing shows, however big the jobs are)."""
         ...

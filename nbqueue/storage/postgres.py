@@ -32,7 +32,7 @@ from ..errors import (
     SchemaTooNew,
     StorageError,
 )
-from ..jobs import State
+from ..jobs import JobRow, State
 from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order
 from . import postgres_queries as sql
 from .sql import SqlStorage
@@ -270,13 +270,16 @@ class PostgresStorage(SqlStorage):
         if conn is None:
             return
         reusable = not (conn.closed or conn.broken) and conn.info.transaction_status == TransactionStatus.IDLE
-        now = time.monotonic()
+        stale: list[psycopg.Connection[Any]] = []
         with self._all_lock:
-            stale = [i for i in self._idle if now - i.since > IDLE_SECONDS]
-            self._idle = [i for i in self._idle if i not in stale]
-            if reusable and not self._closed:
+            now = time.monotonic()  # under the lock: _idle stays in the order of `since`
+            keep = reusable and not self._closed
+            while self._idle and now - self._idle[0].since > IDLE_SECONDS:  # oldest first
+                stale.append(self._idle.pop(0).conn)
+            if keep:
                 self._idle.append(_Idle(conn, _kernel_thread(), now))
-        self._forget(*[i.conn for i in stale], *([] if reusable and not self._closed else [conn]))
+        if stale or not keep:
+            self._forget(*stale, *([] if keep else [conn]))
 
     def _forget(self, *conns: psycopg.Connection[Any]) -> None:
         """Close connections for good."""
@@ -491,7 +494,7 @@ class PostgresStorage(SqlStorage):
 
     def finish_batch(
         self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int
-    ) -> tuple[list[bool], list[Row], int | None]:
+    ) -> tuple[list[bool], list[JobRow], int | None]:
         now = self.stamp()
         if then_claim is not None and then_claim.where.matches_nothing:
             then_claim = None
@@ -510,14 +513,14 @@ class PostgresStorage(SqlStorage):
             else sql.COMPLETE_MANY_THEN_CLAIM_FROM_QUEUES
         )
 
-        def work(cur: psycopg.Cursor[Any]) -> tuple[set[int], list[Row]]:
+        def work(cur: psycopg.Cursor[Any]) -> tuple[set[int], list[JobRow]]:
             cur.execute(statement, params)  # type: ignore[arg-type]
             rows = cur.fetchall()
-            taken = [row[1:] for row in rows if row[1] is not None]
+            taken = [JobRow._make(row[1:]) for row in rows if row[1] is not None]
             return {int(i) for i in rows[0][0]}, sorted(taken, key=claim_order)
 
-        def committed() -> tuple[set[int], list[Row]] | None:
-            taken = sorted(self._rows(sql.SQL.CLAIMED, params), key=claim_order)
+        def committed() -> tuple[set[int], list[JobRow]] | None:
+            taken = sorted(map(JobRow._make, self._rows(sql.SQL.CLAIMED, params)), key=claim_order)
             finished = {int(r[0]) for r in self._rows(sql.COMPLETED_MANY, each)} if done else set()
             return (finished, taken) if taken or finished else None  # neither: it did not commit
 

@@ -20,9 +20,19 @@ from typing import TypeVar
 
 from ..clock import Clock, system_clock, to_us
 from ..errors import StorageError
-from ..jobs import State
+from ..jobs import JobRow, State
 from ..options import held_keys
-from . import ClaimRequest, Decide, Filter, NewJob, Row, StepRecord, StoredSchedule, cascade
+from ..records import AttemptRow, LimitRow, RunRow, StepRow
+from . import (
+    ClaimRequest,
+    Decide,
+    Filter,
+    NewJob,
+    Row,
+    StepRecord,
+    StoredSchedule,
+    cascade,
+)
 from .statements import Params, Statements, Tx
 
 T = TypeVar("T")
@@ -98,22 +108,22 @@ class SqlStorage:
         params = {**self._filter(where), "worker": worker_id, "lease": lease_us, "host": host, "pid": pid}
         return {**params, "token": self._token()}
 
-    def claim(self, request: ClaimRequest) -> Row | None:
+    def claim(self, request: ClaimRequest) -> JobRow | None:
         if request.where.matches_nothing:
             return None
         sql = self.sql
         statement = sql.CLAIM_FROM_ANY_QUEUE if request.where.queues is None else sql.CLAIM_FROM_QUEUES
         rows = self._change(statement, {**self._claim_params(request), "now": self.stamp()}, sql.CLAIMED)
-        return rows[0] if rows else None
+        return JobRow._make(rows[0]) if rows else None
 
-    def claim_limited(self, request: ClaimRequest, decide: Decide) -> Row | None:
+    def claim_limited(self, request: ClaimRequest, decide: Decide) -> JobRow | None:
         if request.where.matches_nothing:
             return None
         sql = self.sql
         params = {**self._claim_params(request), "now": self.stamp()}
         statement = sql.HEADS_IN_ANY_QUEUE if request.where.queues is None else sql.HEADS_IN_QUEUES
 
-        def work(tx: Tx) -> Row | None:
+        def work(tx: Tx) -> JobRow | None:
             found = tx(statement, params)
             if not found:
                 return None
@@ -134,13 +144,13 @@ class SqlStorage:
                 if taken:
                     for key, tat in tats.items():
                         tx(sql.SET_TAT, {"key": key, "tat": tat})
-                    return taken[0]
+                    return JobRow._make(taken[0])
                 heads = [head for head in heads if head[0] != chosen]  # another claim took it
             return None
 
-        def committed() -> Row | None:
+        def committed() -> JobRow | None:
             rows = self._read(sql.CLAIMED, params)
-            return rows[0] if rows else None
+            return JobRow._make(rows[0]) if rows else None
 
         return self._transaction(work, committed)
 
@@ -187,11 +197,11 @@ class SqlStorage:
         held = self._read(self.sql.STEP_OF, params)  # recorded before (a parallel twin), if the claim lives
         return str(held[0][0]) if held and self._read(self.sql.STILL_CLAIMED, params) else None
 
-    def steps(self, job_id: int) -> list[Row]:
-        return self._read(self.sql.STEPS, {"id": job_id})
+    def steps(self, job_id: int) -> list[StepRow]:
+        return [StepRow._make(r) for r in self._read(self.sql.STEPS, {"id": job_id})]
 
-    def step_previews(self, job_id: int, chars: int) -> list[Row]:
-        return self._read(self.sql.STEP_PREVIEWS, {"id": job_id, "chars": chars})
+    def step_previews(self, job_id: int, chars: int) -> list[StepRow]:
+        return [StepRow._make(r) for r in self._read(self.sql.STEP_PREVIEWS, {"id": job_id, "chars": chars})]
 
     def forget_steps(self, job_id: int, since: int) -> int:
         return len(self._change(self.sql.FORGET_STEPS, {"id": job_id, "since": since}))
@@ -275,8 +285,9 @@ class SqlStorage:
         self.notify()
         return resumed
 
-    def limits(self) -> tuple[list[Row], list[Row], int]:
-        return self._read(self.sql.LIMITS), self._read(self.sql.WAITING_PER_KEY), self.now_us()
+    def limits(self) -> tuple[list[LimitRow], list[Row], int]:
+        stored = [LimitRow._make(r) for r in self._read(self.sql.LIMITS)]
+        return stored, self._read(self.sql.WAITING_PER_KEY), self.now_us()
 
     # -- a claim's outcome --------------------------------------------------------
 
@@ -409,8 +420,8 @@ class SqlStorage:
             raise StorageError(f"{self._where}: the queue's identity row (nbqueue_info) is missing")
         return f"{rows[0][0]}{self.identity_suffix}"
 
-    def runs(self, nonces: Sequence[str]) -> dict[str, Row]:
-        return {str(r[0]): tuple(r) for r in self._read(self.sql.RUNS, {"nonces": list(nonces)})}
+    def runs(self, nonces: Sequence[str]) -> dict[str, RunRow]:
+        return {str(r[0]): RunRow._make(r) for r in self._read(self.sql.RUNS, {"nonces": list(nonces)})}
 
     def vouch(self, nonce: str, job_id: int, mac: str) -> bool:
         return bool(self._change(self.sql.VOUCH, {"nonce": nonce, "id": job_id, "mac": mac}))
@@ -488,24 +499,28 @@ class SqlStorage:
 
     # -- reading ------------------------------------------------------------------
 
-    def get(self, job_id: int) -> Row | None:
+    def get(self, job_id: int) -> JobRow | None:
         rows = self._read(self.sql.GET, {"id": job_id})
-        return rows[0] if rows else None
+        return JobRow._make(rows[0]) if rows else None
 
-    def get_many(self, job_ids: Sequence[int]) -> list[Row]:
-        return self._read(self.sql.GET_MANY, {"ids": list(job_ids)}) if job_ids else []
+    def get_many(self, job_ids: Sequence[int]) -> list[JobRow]:
+        return (
+            [JobRow._make(r) for r in self._read(self.sql.GET_MANY, {"ids": list(job_ids)})]
+            if job_ids
+            else []
+        )
 
-    def expired(self, limit: int) -> list[Row]:
-        return self._read(self.sql.EXPIRED, {"now": self.stamp(), "limit": limit})
+    def expired(self, limit: int) -> list[JobRow]:
+        return [JobRow._make(r) for r in self._read(self.sql.EXPIRED, {"now": self.stamp(), "limit": limit})]
 
-    def running_on(self, host: str) -> list[tuple[Row, int | None]]:
-        return [(tuple(r[:-1]), r[-1]) for r in self._read(self.sql.RUNNING_ON, {"host": host})]
+    def running_on(self, host: str) -> list[tuple[JobRow, int | None]]:
+        return [(JobRow._make(r[:-1]), r[-1]) for r in self._read(self.sql.RUNNING_ON, {"host": host})]
 
     def claims(self, job_ids: Sequence[int]) -> list[Row]:
         return self._read(self.sql.CLAIMS, {"ids": list(job_ids)}) if job_ids else []
 
-    def attempts(self, job_id: int) -> list[Row]:
-        return self._read(self.sql.ATTEMPTS, {"id": job_id})
+    def attempts(self, job_id: int) -> list[AttemptRow]:
+        return [AttemptRow._make(r) for r in self._read(self.sql.ATTEMPTS, {"id": job_id})]
 
     def activity(self, since: int) -> list[Row]:
         return self._read(self.sql.ACTIVITY, {"since": since})
@@ -525,14 +540,17 @@ class SqlStorage:
         limit: int,
         offset: int = 0,
         brief: bool = False,
-    ) -> list[Row]:
+    ) -> list[JobRow]:
         params = {
             "statuses": None if statuses is None else [s.value for s in statuses],
             "queue": queue,
             "limit": limit,
             "offset": offset,
         }
-        return self._read(self.sql.ROWS[statuses is not None, queue is not None, brief], params)
+        return [
+            JobRow._make(r)
+            for r in self._read(self.sql.ROWS[statuses is not None, queue is not None, brief], params)
+        ]
 
     def queues(self) -> list[str]:
         return [str(r[0]) for r in self._read(self.sql.QUEUES)]

@@ -36,7 +36,7 @@ from ..errors import (
     SchemaTooNew,
     StorageError,
 )
-from ..jobs import COLUMNS, State
+from ..jobs import JobRow, State
 from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order
 from . import sqlite_queries as sql
 from .sql import SqlStorage
@@ -370,11 +370,11 @@ class SQLiteStorage(SqlStorage):
 
     def finish_batch(
         self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int
-    ) -> tuple[list[bool], list[Row], int | None]:
+    ) -> tuple[list[bool], list[JobRow], int | None]:
         now = self.stamp()
         linked: list[int] = []
 
-        def work(conn: sqlite3.Connection) -> tuple[list[bool], list[Row]]:
+        def work(conn: sqlite3.Connection) -> tuple[list[bool], list[JobRow]]:
             flags = _complete_all(conn, done, now, linked)
             # The next claims ride in the same commit.
             if then_claim is None or not claims or then_claim.where.matches_nothing:
@@ -495,20 +495,22 @@ def _complete_all(
     return [d.job_id in finished for d in done]
 
 
-def _claim(conn: sqlite3.Connection, where: Filter, params: Params) -> Row | None:
+def _claim(conn: sqlite3.Connection, where: Filter, params: Params) -> JobRow | None:
     """Claim inside the caller's BEGIN IMMEDIATE: one UPDATE ... WHERE id = (best) RETURNING."""
     statement = sql.CLAIM_FROM_ANY_QUEUE if where.queues is None else sql.CLAIM_FROM_QUEUES
-    row: Row | None = conn.execute(statement, params).fetchone()
-    return row
+    row = conn.execute(statement, params).fetchone()
+    return None if row is None else JobRow._make(row)
 
 
-def _claim_more(conn: sqlite3.Connection, where: Filter, params: Params, first: Row, more: int) -> list[Row]:
+def _claim_more(
+    conn: sqlite3.Connection, where: Filter, params: Params, first: JobRow, more: int
+) -> list[JobRow]:
     """Up to `more` further claims after `first`, in claim order: in one statement when no other
     queue the request may take from holds claimable jobs (the usual case, one queue), so that
     order within `first`'s queue is the order overall; otherwise one claim at a time."""
     if more <= 0:
         return []
-    queue = first[COLUMNS.index("queue")]
+    queue = first.queue
     alone = (
         list(where.queues) == [queue]
         if where.queues is not None
@@ -516,8 +518,8 @@ def _claim_more(conn: sqlite3.Connection, where: Filter, params: Params, first: 
     )
     if alone:
         rows = conn.execute(sql.CLAIM_MORE_IN_QUEUE, {**params, "queue": queue, "claims": more}).fetchall()
-        return sorted(rows, key=claim_order)  # RETURNING comes in no order
-    taken: list[Row] = []
+        return sorted(map(JobRow._make, rows), key=claim_order)  # RETURNING comes in no order
+    taken: list[JobRow] = []
     while len(taken) < more and (row := _claim(conn, where, params)) is not None:
         taken.append(row)
     return taken

@@ -33,6 +33,11 @@ class Cancelled(NbqueueError):
     """The running job was cancelled (or its claim was lost); stop working on it."""
 
 
+class TimedOut(TimeoutError):
+    """A job ran past its `timeout` (a job that runs its own child, a notebook, stops it a little
+    before the worker's deadline and raises this): recorded as the attempt's "timeout"."""
+
+
 Report = Callable[[float, float | None, str], bool]
 """Records progress for the job; False when its claim is gone (cancelled, timed out)."""
 

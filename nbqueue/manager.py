@@ -507,10 +507,16 @@ class JobManager:
         return flags, [claimed for claimed in decoded if claimed is not None]
 
     def fail(
-        self, job: Job, error: str | BaseException, output: str | None = None, retry: bool = True
+        self,
+        job: Job,
+        error: str | BaseException,
+        output: str | None = None,
+        retry: bool = True,
+        timed_out: bool = False,
     ) -> Verdict:
         """Record a failed attempt under the claim, by the job's and its task's rules
-        (nbqueue.policy.after_error): retried after its backoff, dead, or snoozed."""
+        (nbqueue.policy.after_error): retried after its backoff, dead, or snoozed. `timed_out`:
+        the attempt ran past the job's timeout (its attempt is recorded as a "timeout")."""
         check_claim(job, State.FAILED)
         text = payload_json.text(error_text(error)) or ""
         output = payload_json.text(check_output(output))
@@ -526,7 +532,7 @@ class JobManager:
             if failure.note:
                 text = f"{failure.note}\n{text}"
             args = (job.id, job.attempts, text, output, failure.state, failure.delay_us)
-            done = self.storage.fail(*args, failed_as=policy.failed_as(text))
+            done = self.storage.fail(*args, failed_as="timeout" if timed_out else None)
         if not done:
             raise self._lease_lost(job, "fail")
         return failure.verdict

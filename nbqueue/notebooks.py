@@ -273,7 +273,7 @@ def _watch(
         if context.cancelled():
             return context.Cancelled(f"job {job_context.job.id if job_context else 0} was cancelled")
         if early is not None and time.monotonic() - started >= early:
-            return TimeoutError(f"timed out after {timeout:g} s")
+            return context.TimedOut(f"timed out after {timeout:g} s")
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(POLL)
     return None

@@ -113,13 +113,6 @@ SILENT_AFTER_BEATS = 2
 LEASE_EXPIRED = "lease expired (the worker stopped heartbeating: crashed, killed or hung)"
 
 
-def failed_as(error: str) -> str | None:
-    """How a failed attempt is recorded when its state says too little: a timeout (the worker
-    reports one as "timed out after ..."), else None (failed or dead, by its state). Decided
-    here, once, when the failure is written; the attempt stores the value."""
-    return "timeout" if error.startswith("timed out") else None
-
-
 def worker_gone(pid: int | None, host: str) -> str:
     """Why a job whose claiming process is gone was recovered before its lease ran out."""
     return f"lost: worker process {pid} on {host} is gone"

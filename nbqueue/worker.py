@@ -30,7 +30,7 @@ from .aio import JobLoop, close_ended_runners
 from .batches import Batch
 from .capture import captured, tail
 from .clock import Duration, seconds, to_us
-from .context import JobContext, running
+from .context import JobContext, TimedOut, running
 from .errors import (
     InvalidArgument,
     InvalidTransition,
@@ -586,6 +586,8 @@ class Worker:
                 outcome = Outcome(Ending.RETURNED, value)
         except TypeError as exc:  # the call itself may not fit the function: then no retry can help
             outcome = Outcome(Ending.RAISED, (handler and unfit(handler.fn, job)) or exc)
+        except TimedOut as exc:  # a job that keeps its own deadline (a notebook's) met it
+            outcome = Outcome(Ending.TIMED_OUT, exc)
         except BaseException as exc:  # a handler's failure is the job's, never the worker's
             outcome = Outcome(Ending.RAISED, exc)
         finally:
@@ -644,7 +646,7 @@ class Worker:
         except TimeoutError as exc:
             if deadline.expired():
                 timed_out = f"timed out after {job.timeout:g} s (interrupted at an await)"
-                outcome = Outcome(Ending.RAISED, timed_out)
+                outcome = Outcome(Ending.TIMED_OUT, timed_out)
             else:  # the job's own (a client's timeout, its own asyncio.timeout): an ordinary error
                 outcome = Outcome(Ending.RAISED, exc)
         except BaseException as exc:  # a handler's failure is the job's, never the worker's
@@ -709,7 +711,8 @@ class Worker:
                     return
                 except PayloadError as exc:  # a result that is not JSON never will be
                     value = Unretryable(f"the result cannot be stored: {exc}")
-            verdict = self.manager.fail(job, value, output, retry=outcome.retry)
+            timed_out = outcome.ending is Ending.TIMED_OUT
+            verdict = self.manager.fail(job, value, output, retry=outcome.retry, timed_out=timed_out)
             self._tally(failed=1)
             log.info("job %d failed (%s): %s", job.id, verdict, _last_line(value))
             if verdict is Verdict.DEAD:
@@ -814,7 +817,7 @@ class Worker:
         for flight in late:
             job = flight.job
             try:
-                verdict = self.manager.fail(job, f"timed out after {job.timeout:g} s")
+                verdict = self.manager.fail(job, f"timed out after {job.timeout:g} s", timed_out=True)
                 self._tally(failed=1)
                 if verdict is Verdict.DEAD:
                     self._hook(job, "on_dead")

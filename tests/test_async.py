@@ -90,6 +90,7 @@ def test_a_timeout_interrupts_an_await(queue: Queue) -> None:
         worker.run_until_idle(timeout=20)
     done = queue.get(job.id)
     assert done.status == "dead" and "timed out" in (done.error or "")
+    assert list(queue.attempts(job)["outcome"]) == ["timeout"]
     assert reached == ["start"]
     assert time.monotonic() - started < 5
 

@@ -10,6 +10,7 @@ logged as a cancel, and stop() after it is quick. The server runs in a process o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -113,6 +114,7 @@ def test_a_timeout_error_raised_by_a_coroutine_job_is_its_own_error(
     done = queue.get(job.id)
     assert done.status == "dead" and done.retries == 1, (done.status, done.retries, done.error)
     assert "TimeoutError" in (done.error or "") and "timed out after" not in (done.error or "")
+    assert list(queue.attempts(job)["outcome"]) == ["failed", "dead"]  # its own error, not nbqueue's deadline
     assert any(f"job {job.id} failed (dead)" in r.getMessage() for r in caplog.records)
     assert queue.get(then.id).value == "ran"  # the one async slot was given back
 
@@ -156,9 +158,40 @@ def test_nbqueues_own_deadline_still_says_timed_out_when_the_job_waits_on_a_clie
 # -- finding 5: a stopped worker leaves nothing behind ----------------------------------------
 
 
+def _server_sockets() -> set[str]:
+    """The inodes of this machine's TCP sockets to the PostgreSQL server (port 5432)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[2].endswith(":1538"):  # the remote address's port, in hex
+                    found.add(fields[9])
+    return found
+
+
+def _descriptors() -> list[str]:
+    """What this process's descriptors point at (socket:[inode] for a socket)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor, closed since
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return links
+
+
 def _counts() -> tuple[int, int]:
+    """Threads, and descriptors other than the queue's PostgreSQL connections: those the queue
+    keeps idle for its next statements (as many as its threads once needed at one time, however
+    many cycles ran), checked on their own below."""
     gc.collect()
-    return threading.active_count(), len(os.listdir("/proc/self/fd"))
+    server = _server_sockets()
+    outside = [link for link in _descriptors() if link.removeprefix("socket:[")[:-1] not in server]
+    return threading.active_count(), len(outside)
+
+
+def _connections() -> int:
+    server = _server_sockets()
+    return sum(1 for link in _descriptors() if link.removeprefix("socket:[")[:-1] in server)
 
 
 @pytest.mark.slow
@@ -194,11 +227,14 @@ def test_five_worker_cycles_leave_no_threads_descriptors_or_connections(queue: Q
         assert [queue.get(job.id).status for job in jobs] == ["completed"] * 10
 
     cycle()  # imports, and the kernel thread's own connections, made once
-    start = _counts()
+    start, connected = _counts(), _connections()
     made.clear()
     for _ in range(5):
         cycle()
     assert _counts() == start, f"(threads, descriptors) went from {start} to {_counts()}"
+    # The queue's idle connections are bounded by its threads at one time (a busier cycle may
+    # leave a few more), not by the cycles run: one per cycle would be five more.
+    assert _connections() < connected + 5, f"connections went from {connected} to {_connections()}"
     assert made.count("httpx") == made.count("aiohttp") == 5  # once per cycle: one loop each
     assert 5 <= made.count("sync httpx") <= 10  # one per runner thread that ran a sync job
     wait_until(lambda: server.stats()["open"] == 0, 5, "every connection to the server closed")

@@ -103,6 +103,13 @@ def test_a_timeout_is_recorded_as_one(queue: Queue) -> None:
     assert frame["error"].iloc[0].startswith("timed out after")
 
 
+def test_an_error_that_reads_like_a_timeout_is_recorded_as_what_it_is(queue: Queue) -> None:
+    """The outcome is the value the worker reports, never read from the error's text."""
+    job = queue.enqueue({"n": 1}, max_retries=1)
+    queue.fail(claim(queue), "timed out after 3 s (the API's words)")
+    assert outcomes(queue, job) == ["failed"]
+
+
 def test_cancel_release_and_snooze_end_the_attempt(queue: Queue) -> None:
     cancelled = queue.enqueue({"n": 1}, priority=3)
     claim(queue)

@@ -182,6 +182,7 @@ def test_a_notebook_past_its_timeout_is_killed_with_its_kernel_and_what_it_start
         assert wait_gone(pids) == []
     assert job.refresh().status is nbqueue.State.DEAD
     assert job.error is not None and "timed out after 15 s" in job.error
+    assert list(queue.attempts(job)["outcome"]) == ["timeout"]
     kept = job.notebook()  # as far as it ran: the parameters, then the cell that hung
     assert kept is not None and kept.cells[0].execution_count is not None
 

@@ -48,6 +48,7 @@ def test_process_mode_kills_a_job_at_its_timeout(queue: Queue, tmp_path: Path) -
         assert dead.attempts == 2
         assert "timed out after 0.5 s" in (dead.error or "")
         assert "killed" in (dead.error or "")
+        assert list(queue.attempts(job)["outcome"]) == ["timeout", "timeout"]
         pids = read_pids(pid_file)
         assert len(pids) == 2
         assert os.getpid() not in pids

@@ -202,11 +202,16 @@ class JobManager:
     def _submit_workflow(self, workflow: Workflow) -> tuple[int, list[Job]]:
         plans = [self._with_origin(plan) for plan in workflow.plans]
         made_in: list[int] = []
+        # Encoded and signed before the write transaction, all but the jobs whose arguments name
+        # an earlier job of the workflow (result_of): its id is known only once it is written.
+        encoded = [None if plan.placeholders else self._encoded(plan, {}) for plan in plans]
 
         def make(index: int, ids: list[int], workflow_id: int | None) -> NewJob:
             if workflow_id is not None and not made_in:
                 made_in.append(workflow_id)
-            return self._new_from_plan(plans[index], workflows.WrittenIds(ids), workflow_id)
+            written = workflows.WrittenIds(ids)
+            new = encoded[index] or self._encoded(plans[index], written)
+            return self._linked(plans[index], new, written, workflow_id)
 
         made = self.storage.insert_linked(len(plans), make, workflow.name)
         return made_in[0], self.get_many([job_id for job_id, _ in made])
@@ -231,10 +236,17 @@ class JobManager:
         return call_body(dependencies.encode(list(plan.args), ids), dependencies.encode(plan.kwargs, ids))
 
     def _new_from_plan(self, plan: Plan, ids: Mapping[int, int], workflow: int | None) -> NewJob:
-        body = self._body(plan, ids)
-        new = self._new_job(
-            plan.task, body, plan.options, plan.backoff, plan.signed and plan.task is not None
+        return self._linked(plan, self._encoded(plan, ids), ids, workflow)
+
+    def _encoded(self, plan: Plan, ids: Mapping[int, int]) -> NewJob:
+        """The plan's job encoded (and signed), its arguments' references to the workflow's
+        earlier jobs (`ids`: index -> id) written as their ids."""
+        return self._new_job(
+            plan.task, self._body(plan, ids), plan.options, plan.backoff, plan.signed and plan.task is not None
         )
+
+    def _linked(self, plan: Plan, new: NewJob, ids: Mapping[int, int], workflow: int | None) -> NewJob:
+        """An encoded job with what ties it to others: its parents' ids, origin and workflow."""
         parents = tuple(dependencies.job_ref(p, ids) for p in plan.parents)
         if not parents and plan.origin is None and workflow is None:
             return new

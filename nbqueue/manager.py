@@ -241,9 +241,8 @@ class JobManager:
     def _encoded(self, plan: Plan, ids: Mapping[int, int]) -> NewJob:
         """The plan's job encoded (and signed), its arguments' references to the workflow's
         earlier jobs (`ids`: index -> id) written as their ids."""
-        return self._new_job(
-            plan.task, self._body(plan, ids), plan.options, plan.backoff, plan.signed and plan.task is not None
-        )
+        signed = plan.signed and plan.task is not None
+        return self._new_job(plan.task, self._body(plan, ids), plan.options, plan.backoff, signed)
 
     def _linked(self, plan: Plan, new: NewJob, ids: Mapping[int, int], workflow: int | None) -> NewJob:
         """An encoded job with what ties it to others: its parents' ids, origin and workflow."""

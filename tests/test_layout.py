@@ -105,6 +105,11 @@ def test_there_is_no_import_circle() -> None:
         ("nbqueue.cli", {"nbqueue.storage", "nbqueue.manager"}),
         ("nbqueue.jupyter.magics", {"nbqueue.storage", "nbqueue.manager"}),
         ("nbqueue.jupyter.views", {"nbqueue.storage", "nbqueue.manager"}),
+        # The views' HTML is rendered from data alone: no queue, no widgets (test below).
+        (
+            "nbqueue.jupyter.render",
+            {"nbqueue.queue", "nbqueue.manager", "nbqueue.storage", "nbqueue.jupyter.views"},
+        ),
     ],
 )
 def test_layers(module: str, forbidden: set[str]) -> None:
@@ -136,3 +141,12 @@ def test_no_storage_attribute_is_used_above_the_manager() -> None:
             if isinstance(node, ast.Attribute) and node.attr == "storage":
                 offenders.append(f"{name}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_rendering_imports_no_widgets() -> None:
+    """jupyter/render.py is pure HTML: it imports neither ipywidgets nor IPython, so its
+    functions are tested (and reused) without a kernel."""
+    tree = ast.parse(MODULES["nbqueue.jupyter.render"].read_text())
+    named = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    named += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert not [n for n in named if n.split(".")[0] in ("ipywidgets", "IPython", "anywidget")], named

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import nbqueue
-from nbqueue.jupyter import views
+from nbqueue.jupyter import render
 from tests.conftest import MakeQueue
 
 PARAMETERS = 'region = "nowhere"\nn = 1'
@@ -159,7 +159,7 @@ def test_a_failing_cell_is_named_by_its_index_and_the_partial_notebook_is_kept(
     assert (tmp_path / "out" / f"fails-{job.id}.ipynb").exists()
     # The board's detail pane links it (relative, so JupyterLab opens it in a tab) and names the cell.
     monkeypatch.chdir(tmp_path)
-    line = views.notebook_line(job)
+    line = render.notebook_line(job)
     assert f"href='out/fails-{job.id}.ipynb'" in line and "failed at cell 2" in line
 
 

@@ -14,7 +14,8 @@ import pytest
 import nbqueue
 from nbqueue import Queue
 from nbqueue.dag import COLOURS, MAX_COLUMN, MAX_LEVELS, levels, svg
-from nbqueue.jupyter.views import GraphView, JobBoard, job_detail, waiting_notes
+from nbqueue.jupyter.render import job_detail
+from nbqueue.jupyter.views import GraphView, JobBoard, waiting_notes
 from tests.helpers import run_cli, wait_until
 
 

@@ -332,7 +332,7 @@ def _schedules(queue: Queue, args: argparse.Namespace) -> int:
             return 1
         print(f"removed schedule {args.remove!r}")
         return 0
-    rows = [row for row in queue.manager.schedule_rows() if row["stored"]]
+    rows = [row for row in queue.manager.periodic.rows() if row["stored"]]
     if args.json:
         shown = [
             {**row, "next_run": _iso(row["next_run"]), "last_run": _iso(row["last_run"])} for row in rows

@@ -221,7 +221,7 @@ def steps_frame(rows: Sequence[StepRow]) -> pd.DataFrame:
 
 
 def schedules_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """Schedules (JobManager.schedule_rows), soonest first; times in each schedule's own zone."""
+    """Schedules (JobManager.periodic.rows), soonest first; times in each schedule's own zone."""
     pandas = _pandas()
     columns = ["name", "task", "schedule", "tz", "next_run", "last_run", "stored", "notebook", "parameters"]
     soonest = sorted(

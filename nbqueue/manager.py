@@ -16,14 +16,13 @@ import logging
 import os
 import time
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
-from . import dependencies, limits, policy, signing, waiting, workflows
+from . import dependencies, limits, policy, waiting, workflows
 from . import payload as payload_json
-from . import schedule as schedules
 from . import tasks as registry
 from .clock import EPOCH, Clock, from_us, system_clock, to_us, utc_seconds
 from .context import StepBook
@@ -38,7 +37,6 @@ from .errors import (
 )
 from .jobs import (
     FINISHED,
-    NOTEBOOK_TASK,
     UNFINISHED,
     Job,
     JobRow,
@@ -53,9 +51,9 @@ from .jobs import (
 )
 from .options import JobArgs, JobOptions, check_id, gate, read_stored, stored
 from .payload import call_body, check_output, error_text
+from .periodic import Periodics
 from .records import AttemptRow, LimitRow, StepRow
 from .retry import Backoff
-from .schedule import Cron, Every
 from .storage import (
     ClaimRequest,
     Completion,
@@ -64,7 +62,6 @@ from .storage import (
     Row,
     StepRecord,
     Storage,
-    StoredSchedule,
 )
 from .tasks import Task
 from .trust import Trust
@@ -111,26 +108,6 @@ def process_gone(pid: int | None) -> bool:
         return False
 
 
-STORED_PREFIX = "schedule:"  # the slots of stored schedules (storage deletes them by it too)
-
-
-@dataclass(frozen=True)
-class Periodic:
-    """A task this queue's workers enqueue on a schedule, with fixed arguments."""
-
-    task: Task[Any, Any]
-    schedule: Every | Cron
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    name: str = ""  # a stored schedule's name ("": declared in this process, named by its task)
-    options: JobOptions | None = None  # its jobs' options; None: the task's
-
-    @property
-    def slot_name(self) -> str:
-        """Under which name its last slot is kept (a stored schedule's never meets a task's)."""
-        return f"{STORED_PREFIX}{self.name}" if self.name else self.task.name
-
-
 def mine(request: ClaimRequest) -> ClaimRequest:
     """A claim request that names this process (its host and pid), for orphan recovery."""
     if request.host is not None:
@@ -147,7 +124,6 @@ class JobManager:
         self.clock: Clock = clock or system_clock
         storage.clock = self.clock  # storage stamps its writes with the queue's clock
         self.backoff = backoff or Backoff()
-        self.periodics: dict[str, Periodic] = {}
         self._limited: dict[Filter, tuple[float, bool]] = {}  # do limited jobs wait? (until, answer)
         # When the limits that held the last limited claim back let a job start, by time alone
         # (a rate's next slot, a pause's end): a waiting worker sleeps until then, no longer.
@@ -155,6 +131,8 @@ class JobManager:
         self._default_backoff = payload_json.dumps(self.backoff.to_dict(), "backoff")
         #: At most this many jobs made inside one job's family (workflows.FAMILY_LIMIT).
         self.family_limit = workflows.FAMILY_LIMIT
+        #: The periodic schedules (declared here or stored) and their slots.
+        self.periodic = Periodics(storage, self.now, self._new_job)
 
     # -- time ------------------------------------------------------------------
 
@@ -675,113 +653,6 @@ class JobManager:
             current = None
         why = policy.lease_lost_reason(job, current)
         return LeaseLost(f"cannot {verb} job {job.id}: {why}; nothing was changed")
-
-    # -- periodic schedules ----------------------------------------------------
-
-    def add_periodic(self, periodic: Periodic) -> None:
-        """Make this queue's workers enqueue `periodic` on its schedule."""
-        self.periodics[periodic.task.name] = periodic
-
-    def tick_periodic(self, names: Sequence[str] | None = None) -> list[str]:
-        """Enqueue each due slot of this queue's periodic tasks (once however many workers tick)."""
-        now = self.now()
-        enqueued = []
-        for periodic in [*self.periodics.values(), *self.stored_periodics(names)]:
-            task = periodic.task
-            if names is not None and task.name not in names:
-                continue
-            last = self.storage.periodic_slot(periodic.slot_name)
-            slot = policy.due_slot(periodic.schedule, now, last)
-            if slot is None:
-                continue
-            job = None
-            if slot.enqueue:
-                chosen = periodic.options or task.options
-                options = chosen.but({"key": f"periodic:{periodic.slot_name}:{slot.at.isoformat()}"})
-                body = call_body(periodic.args, periodic.kwargs)
-                job = self._new_job(task.name, body, options, task.backoff, task.signed)
-            slot_us = to_us(slot.at.timestamp())
-            if self.storage.periodic_advance(periodic.slot_name, last, slot_us, job) and slot.enqueue:
-                enqueued.append(periodic.slot_name)
-        return enqueued
-
-    def save_schedule(self, periodic: Periodic, options: dict[str, Any]) -> None:
-        """Keep a schedule in the database, so that every worker allowed its task keeps it."""
-        body = call_body(periodic.args, periodic.kwargs)
-        JobOptions.given(options)  # refused now, not at its first slot
-        task = periodic.task.name
-        signature = signing.sign(task, body) if periodic.task.signed else None
-        spec = json.dumps(schedules.to_spec(periodic.schedule))
-        row = StoredSchedule(periodic.name, task, body, spec, json.dumps(options), signature)
-        self.storage.save_schedule(row)
-
-    def stored_periodics(self, names: Sequence[str] | None = None) -> list[Periodic]:
-        """The schedules kept in the database whose task is registered here (and in `names`).
-
-        Stored schedules are for opt-in tasks (notebook jobs), so a worker that runs none
-        of those does not read them. A signed task's schedule whose signature does not
-        verify (another user's, or a row edited by hand) is skipped with a warning.
-        """
-        tasks = [registry.find(name) for name in (names if names is not None else registry.names())]
-        if not any(task is not None and task.opt_in for task in tasks):
-            return []
-        found = []
-        for row in self.storage.schedules():
-            task = registry.find(row.task)
-            if task is None or (names is not None and row.task not in names):
-                continue
-            if task.signed and not signing.verify(row.task, row.payload, row.signature):
-                log.warning("schedule %r is not signed by this user: not run", row.name)
-                continue
-            try:
-                body = json.loads(row.payload)
-                plan = schedules.from_spec(json.loads(row.spec))
-                options = task.options.but(json.loads(row.options))
-            except (ValueError, TypeError, NbqueueError) as exc:
-                log.warning("schedule %r cannot be read: %s", row.name, exc)
-                continue
-            found.append(Periodic(task, plan, tuple(body["args"]), body["kwargs"], row.name, options))
-        return found
-
-    def schedule_rows(self) -> list[dict[str, Any]]:
-        """Every schedule, stored or declared here: name, task, schedule, tz, next_run and
-        last_run (in its zone), stored, notebook, parameters."""
-        now = self.now()
-        listed: list[tuple[str, str, Every | Cron, dict[str, Any], bool]] = [
-            (p.task.name, p.task.name, p.schedule, p.kwargs, False) for p in self.periodics.values()
-        ]
-        for row in self.storage.schedules():
-            try:
-                plan = schedules.from_spec(json.loads(row.spec))
-                kwargs = json.loads(row.payload)["kwargs"]
-            except (ValueError, TypeError, KeyError, NbqueueError):
-                continue  # tick_periodic warns about it
-            listed.append((row.name, row.task, plan, kwargs, True))
-        rows = []
-        for name, task, plan, kwargs, kept in listed:
-            zone = plan.zone if isinstance(plan, Cron) else UTC
-            last = self.storage.periodic_slot(f"{STORED_PREFIX}{name}" if kept else name)
-            upcoming = plan.next_after(now)
-            rows.append(
-                {
-                    "name": name,
-                    "task": task,
-                    "schedule": str(plan),
-                    "tz": plan.tz if isinstance(plan, Cron) else "UTC",
-                    "next_run": None if upcoming is None else upcoming.astimezone(zone),
-                    "last_run": None
-                    if last is None
-                    else datetime.fromtimestamp(last / 1e6, UTC).astimezone(zone),
-                    "stored": kept,
-                    "notebook": kwargs.get("source") if task == NOTEBOOK_TASK else None,
-                    "parameters": kwargs.get("parameters") if task == NOTEBOOK_TASK else None,
-                }
-            )
-        return rows
-
-    def delete_schedule(self, name: str) -> bool:
-        """Forget a stored schedule; False if there was none of that name."""
-        return self.storage.delete_schedule(name)
 
     def repin(self, job: Job, kwargs: dict[str, Any]) -> None:
         """Give a dead or cancelled task job new keyword arguments (a notebook job the current

@@ -20,9 +20,10 @@ from .clock import Clock, Duration, seconds, to_us
 from .errors import InvalidArgument
 from .jobs import Job, State, Verdict
 from .limits import Limit, parse_rate
-from .manager import JobManager, Periodic
+from .manager import JobManager
 from .options import JobArgs, JobOptions, check_hook, check_name, limit_units, names, queue_names
 from .payload import call_body
+from .periodic import Periodic
 from .retry import Backoff
 from .steps import check_name as check_step_name
 from .storage import ClaimRequest, Filter, open_storage
@@ -206,7 +207,7 @@ class Queue:
             task = self.task(
                 name=name, max_retries=max_retries, queue=queue, priority=priority, timeout=timeout
             )(fn)
-            self.manager.add_periodic(Periodic(task, plan, tuple(args), dict(kwargs or {})))
+            self.manager.periodic.add(Periodic(task, plan, tuple(args), dict(kwargs or {})))
             return task
 
         return wrap
@@ -272,17 +273,17 @@ class Queue:
         options = {key: value for key, value in chosen.items() if value is not None}
         label = check_name(name if name is not None else Path(path).stem, "schedule name")
         task = self._notebook_task()
-        self.manager.save_schedule(Periodic(task, plan, (), kwargs, label), options)
+        self.manager.periodic.save(Periodic(task, plan, (), kwargs, label), options)
         return label
 
     def schedules(self) -> pd.DataFrame:
         """The periodic schedules: those kept in the database (notebooks) and those this
         process declared (`@q.periodic`), with their next run in their own time zone."""
-        return frames.schedules_frame(self.manager.schedule_rows())
+        return frames.schedules_frame(self.manager.periodic.rows())
 
     def unschedule(self, name: str) -> bool:
         """Forget a schedule kept in the database; False if there was none of that name."""
-        return self.manager.delete_schedule(check_name(name, "schedule name"))
+        return self.manager.periodic.delete(check_name(name, "schedule name"))
 
     def _notebook_task(self) -> Task[Any, Any]:
         """The notebook task as registered here (a worker's, with its folder), or registered now."""

@@ -731,7 +731,7 @@ class Worker:
             (self.cancel_interval, lambda: self._guard(self._watch_cancellations)),
             (
                 self.periodic_interval,
-                lambda: self._guard(lambda: self.manager.tick_periodic(self._filter().tasks)),
+                lambda: self._guard(lambda: self.manager.periodic.tick(self._filter().tasks)),
             ),
             (self.tidy_interval, lambda: self._guard(self.manager.tidy)),
             (self.cancel_interval, self._watch_loop),

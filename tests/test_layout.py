@@ -119,8 +119,13 @@ def test_layers(module: str, forbidden: set[str]) -> None:
     assert not crossing, f"{module} imports {crossing}"
 
 
+# The JobManager and its rooms (each holds the storage the manager hands it): the one door.
+MANAGER = {"nbqueue.manager", "nbqueue.periodic"}
+
+
 def test_only_the_manager_and_the_queue_open_storage() -> None:
-    """Above the storage package, only the manager (its one door) and the Queue (which opens it) import it."""
+    """Above the storage package, only the manager and its rooms (its one door) and the Queue
+    (which opens it) import it."""
     users = {
         name
         for name in MODULES
@@ -128,14 +133,15 @@ def test_only_the_manager_and_the_queue_open_storage() -> None:
         for module, _, _ in imports(name)
         if module == "nbqueue.storage" or module.startswith("nbqueue.storage.")
     }
-    assert users <= {"nbqueue.manager", "nbqueue.queue", "nbqueue.worker"}, users
+    assert users <= {*MANAGER, "nbqueue.queue", "nbqueue.worker"}, users
 
 
 def test_no_storage_attribute_is_used_above_the_manager() -> None:
-    """`.storage` is touched only by the manager: the worker, the views and the CLI go through it."""
+    """`.storage` is touched only by the manager and its rooms: the worker, the views and the CLI
+    go through them."""
     offenders = []
     for name, path in MODULES.items():
-        if name.startswith("nbqueue.storage") or name == "nbqueue.manager":
+        if name.startswith("nbqueue.storage") or name in MANAGER:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "storage":

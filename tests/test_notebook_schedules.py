@@ -67,7 +67,7 @@ def test_a_schedule_row_not_signed_by_this_user_is_not_run(
     q.manager.storage.save_schedule(forged)
     with caplog.at_level(logging.WARNING, logger="nbqueue"):
         for _ in range(5):
-            assert q.manager.tick_periodic(NOTEBOOK) == []
+            assert q.manager.periodic.tick(NOTEBOOK) == []
             clock.advance(60)
     assert sum(q.counts().values()) == 0
     assert "schedule 'forged' is not signed by this user" in caplog.text

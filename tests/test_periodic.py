@@ -38,7 +38,7 @@ def tick_together(queues: list[Queue], names: list[str] | None = None) -> list[l
     def tick(i: int) -> None:
         barrier.wait()
         try:
-            results[i] = queues[i].manager.tick_periodic(names)
+            results[i] = queues[i].manager.periodic.tick(names)
         except BaseException as exc:
             results[i] = exc
 
@@ -101,7 +101,7 @@ def test_a_cron_task_is_enqueued_once_per_slot_with_three_workers(
 
     declare(queues, every_five_minutes, cron="*/5 * * * *", name="lr.cron")
     # first sighting, before any worker runs
-    assert queues[0].manager.tick_periodic() == []
+    assert queues[0].manager.periodic.tick() == []
     workers = [q.worker(lease=5, periodic_interval=0.05) for q in queues]
     try:
         for worker in workers:
@@ -205,8 +205,8 @@ def test_a_schedule_belongs_to_the_queue_that_declared_it(tmp_path: Path, clock:
         return "ours"
 
     for _ in range(2):  # first sighting, then the next slot
-        assert theirs.manager.tick_periodic() == []
-        ours.manager.tick_periodic()
+        assert theirs.manager.periodic.tick() == []
+        ours.manager.periodic.tick()
         clock.advance(60)
     assert theirs.counts()["pending"] == 0
     assert ours.counts()["pending"] == 1

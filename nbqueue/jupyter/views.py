@@ -298,7 +298,7 @@ class JobBoard(_LiveView):
             self._draw_chart()
             self.limits_html.value = or_damage("LIMITS", lambda: limits_line(self.queue.limits()))
             self.schedules_html.value = or_damage(
-                "SCHEDULES", lambda: schedules_line(self.queue.manager.schedule_rows())
+                "SCHEDULES", lambda: schedules_line(self.queue.manager.periodic.rows())
             )
             more = counts["running"] - len(running)
             notes = waiting_notes(self.queue, rows)

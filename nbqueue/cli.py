@@ -476,7 +476,7 @@ def _show(queue: Queue, args: argparse.Namespace) -> int:
 
 
 def _graph(queue: Queue, args: argparse.Namespace) -> int:
-    graph = queue.manager.graph(args.id)
+    graph = queue.manager.links.graph(args.id)
     if args.json:
         print(
             json.dumps(

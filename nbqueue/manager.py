@@ -18,7 +18,6 @@ import time
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from operator import attrgetter
 from typing import Any
 
 from . import dependencies, limits, policy, waiting, workflows
@@ -49,6 +48,7 @@ from .jobs import (
     sources,
     stored_backoff,
 )
+from .links import Links
 from .options import JobArgs, JobOptions, check_id, gate, read_stored, stored
 from .payload import call_body, check_output, error_text
 from .periodic import Periodics
@@ -65,7 +65,7 @@ from .storage import (
 )
 from .tasks import Task
 from .trust import Trust
-from .workflows import Plan, Planned, Workflow
+from .workflows import Plan, Workflow
 
 log = logging.getLogger("nbqueue.manager")
 
@@ -73,7 +73,6 @@ RECOVER_BATCH = 500
 MINUTE_US = 60_000_000
 LIMITS_RECHECK = 1.0  # seconds a claim trusts its last look for jobs that hold limit keys
 BURY_RETRIES = 20  # damaged rows buried in a row before a claim gives up for now
-GRAPH_LIMIT = 100_000  # jobs a graph shows at most
 
 EVERY_STEP = -(2**62)  # replay from the start: forget every step
 
@@ -133,6 +132,8 @@ class JobManager:
         self.family_limit = workflows.FAMILY_LIMIT
         #: The periodic schedules (declared here or stored) and their slots.
         self.periodic = Periodics(storage, self.now, self._new_job)
+        #: The jobs linked by `after=`: a job's relatives, a workflow's or a job's graph.
+        self.links = Links(storage, lambda job: job.attach(self))
 
     # -- time ------------------------------------------------------------------
 
@@ -772,61 +773,9 @@ class JobManager:
 
     # -- graphs and steps --------------------------------------------------------
 
-    def graph(
-        self, of: Workflow | Planned | Job | int, limit: int = GRAPH_LIMIT
-    ) -> list[tuple[Job, list[int]]]:
-        """A workflow's jobs, or every job linked to a job by `after=` (at most `limit` of them),
-        each with its parents' ids."""
-        if isinstance(of, Workflow):
-            if of.id is None:
-                raise NbqueueError(f"workflow {of.name!r} is written when its `with` block ends")
-            ids = self.storage.workflow_jobs(of.id)
-            edges = self.storage.edges(ids) if ids else []
-        else:
-            ids, edges = self._connected(check_id(getattr(of, "id", of)), limit)
-        inside = set(ids)
-        parents: dict[int, list[int]] = {}
-        for parent, child in sorted({(int(p), int(c)) for p, c in edges}):
-            if child in inside:
-                parents.setdefault(child, []).append(parent)
-        jobs = sorted(
-            (listed(row).attach(self) for row in self.storage.get_many(sorted(inside))), key=attrgetter("id")
-        )
-        return [(job, parents.get(job.id, [])) for job in jobs]
-
-    def _connected(self, start: int, limit: int) -> tuple[list[int], list[Row]]:
-        """The jobs reachable from `start` along edges either way (the nearest `limit`), and the edges."""
-        if self.storage.get(start) is None:
-            raise JobNotFound(f"no job with id {start}")
-        seen, frontier, edges = {start}, [start], set()
-        while frontier and len(seen) < limit:
-            found = {(int(p), int(c)) for p, c in self.storage.edges(frontier)}
-            edges |= found
-            reached = {j for edge in found for j in edge} - seen
-            seen |= reached
-            frontier = sorted(reached)
-        return sorted(seen)[:limit], list(edges)
-
-    def parents_of(self, job_ids: Sequence[int]) -> dict[int, list[int]]:
-        """Each job's parents (ids), for the jobs that have any."""
-        wanted = set(job_ids)
-        found: dict[int, list[int]] = {}
-        for parent, child in self.storage.edges(list(job_ids)) if job_ids else []:
-            if int(child) in wanted:
-                found.setdefault(int(child), []).append(int(parent))
-        return found
-
-    def found(self, job_ids: Iterable[int]) -> dict[int, Job]:
-        """The jobs of these ids that exist (as listed: a damaged row too), by id."""
-        return {job.id: job for job in map(listed, self.storage.get_many(sorted(set(job_ids))))}
-
     def relatives(self, job_id: int) -> tuple[list[int], list[int]]:
-        """A job's parents and children (ids)."""
-        edges = self.storage.edges([job_id])
-        return (
-            sorted(int(p) for p, c in edges if int(c) == job_id),
-            sorted(int(c) for p, c in edges if int(p) == job_id),
-        )
+        """A job's parents and children (ids), as its Job reads them (JobSource)."""
+        return self.links.relatives(job_id)
 
     def step_book(self, job: Job) -> StepBook:
         """The durable steps of this claim of `job`: recorded only while the claim lives."""

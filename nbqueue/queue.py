@@ -477,7 +477,7 @@ class Queue:
     def graph(self, of: Workflow | Job | int) -> pd.DataFrame:
         """The jobs of a workflow, or every job connected to a job by `after=`, one row each:
         id, task, status, parents (a list of ids), root_cause, workflow."""
-        return frames.graph_frame(self.manager.graph(of))
+        return frames.graph_frame(self.manager.links.graph(of))
 
     def steps(self, job: Job | int) -> pd.DataFrame:
         """A job's durable steps (nbqueue.step), in the order they finished: step, status

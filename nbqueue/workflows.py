@@ -127,7 +127,7 @@ class Workflow:
 
     def _repr_html_(self) -> str:
         """In a notebook: the workflow's graph as it stands, nodes coloured by state."""
-        graph = getattr(self.owner, "graph", None)
+        graph = getattr(getattr(self.owner, "links", None), "graph", None)  # the manager's room
         if self.id is None or graph is None:
             return html.escape(repr(self))
         return svg(graph(self), f"workflow {self.name!r} (#{self.id})")

@@ -56,8 +56,8 @@ def waiting_notes(queue: Queue, jobs: list[Job]) -> dict[int, str]:
     doomed = {j.id: j.root_cause for j in jobs if j.status is State.UPSTREAM_FAILED and j.root_cause}
     if not blocked and not doomed:
         return {}
-    parents = manager.parents_of(blocked)
-    known = manager.found([*doomed.values(), *(p for ps in parents.values() for p in ps)])
+    parents = manager.links.parents_of(blocked)
+    known = manager.links.found([*doomed.values(), *(p for ps in parents.values() for p in ps)])
     notes = {}
     for job_id, root_id in doomed.items():
         root = known.get(root_id)
@@ -75,12 +75,12 @@ def waiting_notes(queue: Queue, jobs: list[Job]) -> dict[int, str]:
 
 def family(queue: Queue, job: Job) -> str:
     """A job's parents and children with their states, what it waits for, and its graph drawn."""
-    parents, children = queue.manager.relatives(job.id)
+    parents, children = queue.manager.links.relatives(job.id)
     if not parents and not children:
         return ""
-    known = queue.manager.found([*parents[:FAMILY_SHOWN], *children[:FAMILY_SHOWN]])
+    known = queue.manager.links.found([*parents[:FAMILY_SHOWN], *children[:FAMILY_SHOWN]])
     note = waiting_notes(queue, [job]).get(job.id)
-    drawing = svg(queue.manager.graph(job, limit=GRAPH_DRAWN))
+    drawing = svg(queue.manager.links.graph(job, limit=GRAPH_DRAWN))
     return family_html(job, parents, children, known, note, drawing)
 
 
@@ -93,7 +93,7 @@ def steps_table(queue: Queue, job: Job) -> str:
 
 def graph_html(queue: Queue, of: Workflow | Planned | Job | int, title: str = "") -> str:
     """A workflow's (or a job's) graph drawn as SVG."""
-    return svg(queue.manager.graph(of), title)
+    return svg(queue.manager.links.graph(of), title)
 
 
 class _LiveView(widgets.VBox):  # type: ignore[misc]
@@ -422,7 +422,7 @@ class GraphView(_LiveView):
 
     def refresh(self) -> None:
         with self._lock:
-            graph = self.queue.manager.graph(self.of)
+            graph = self.queue.manager.links.graph(self.of)
             counts: dict[State, int] = {}
             for job, _ in graph:
                 counts[job.status] = counts.get(job.status, 0) + 1

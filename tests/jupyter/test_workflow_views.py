@@ -119,7 +119,7 @@ def test_svg_lays_out_levels_and_folds_a_wide_level(queue: Queue) -> None:
     root = queue.enqueue({"root": 1})
     children = [queue.enqueue({"c": i}, after=[root]) for i in range(MAX_COLUMN + 30)]
     join = queue.enqueue({"join": 1}, after=children)
-    graph = queue.manager.graph(root)
+    graph = queue.manager.links.graph(root)
     level = levels(graph)
     assert level[root.id] == 0 and level[join.id] == 2 and {level[c.id] for c in children} == {1}
     drawing = svg(graph)
@@ -156,7 +156,7 @@ def test_svg_of_a_long_chain_folds_the_deep_levels(queue: Queue) -> None:
         last = queue.enqueue({"n": 0})
         for n in range(1, MAX_LEVELS + 50):
             last = queue.enqueue({"n": n}, after=[last])
-    drawing = svg(queue.manager.graph(wf))
+    drawing = svg(queue.manager.links.graph(wf))
     assert sorted(nodes(drawing)) == [j.id for j in wf.jobs[:MAX_LEVELS]]
     assert "data-count='50'" in drawing and f"levels {MAX_LEVELS} and deeper: 50 blocked" in drawing
     assert len(drawing) < 120_000

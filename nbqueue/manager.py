@@ -48,6 +48,7 @@ from .jobs import (
     sources,
     stored_backoff,
 )
+from .lifeline import HOST, Lifeline
 from .links import Links
 from .options import JobArgs, JobOptions, check_id, gate, read_stored, stored
 from .payload import call_body, check_output, error_text
@@ -69,42 +70,11 @@ from .workflows import Plan, Workflow
 
 log = logging.getLogger("nbqueue.manager")
 
-RECOVER_BATCH = 500
 MINUTE_US = 60_000_000
 LIMITS_RECHECK = 1.0  # seconds a claim trusts its last look for jobs that hold limit keys
 BURY_RETRIES = 20  # damaged rows buried in a row before a claim gives up for now
 
 EVERY_STEP = -(2**62)  # replay from the start: forget every step
-
-
-def this_host() -> str:
-    """This machine as a claim records it: its node name and its pid namespace, so that two
-    containers of one hostname are never taken for one host (their pids mean different processes)."""
-    name = os.uname().nodename
-    try:
-        return f"{name}/{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:  # no /proc (macOS): the node name alone
-        return name
-
-
-HOST = this_host()
-
-
-def process_gone(pid: int | None) -> bool:
-    """True only when no process `pid` exists on this host (a process of another user is alive)."""
-    if pid is None or pid <= 0 or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # PermissionError: it exists
-        return False
-    try:  # a zombie (dead, not yet reaped by its parent) runs nothing either
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[-1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def mine(request: ClaimRequest) -> ClaimRequest:
@@ -134,6 +104,8 @@ class JobManager:
         self.periodic = Periodics(storage, self.now, self._new_job)
         #: The jobs linked by `after=`: a job's relatives, a workflow's or a job's graph.
         self.links = Links(storage, lambda job: job.attach(self))
+        #: Claims whose worker is gone: expired leases, orphans, silent workers.
+        self.lifeline = Lifeline(storage, self.now_us, lambda: self.backoff, lambda job: job.attach(self))
 
     # -- time ------------------------------------------------------------------
 
@@ -541,72 +513,6 @@ class JobManager:
         started = (job.started_at - EPOCH) // timedelta(microseconds=1)  # exactly as stored
         return self.storage.unclaim(job.id, job.attempts, started)
 
-    def recover(self) -> list[tuple[Job, Verdict]]:
-        """Fail every job whose lease expired (a crashed worker): retried or dead by its rules."""
-        recovered = []
-        while True:
-            batch = self.storage.expired(RECOVER_BATCH)
-            for row in batch:
-                try:
-                    job = from_row(row).attach(self)
-                except DamagedJob as exc:
-                    self.storage.bury(row.id, str(exc))
-                    continue
-                failure = policy.after_failure(job, self.backoff)
-                if self.storage.fail(
-                    job.id,
-                    job.attempts,
-                    policy.LEASE_EXPIRED,
-                    job.output,
-                    failure.state,
-                    failure.delay_us,
-                    expired=True,
-                ):
-                    recovered.append((job, failure.verdict))
-            if len(batch) < RECOVER_BATCH:
-                return recovered + self.recover_orphans()
-
-    def recover_orphans(self) -> list[tuple[Job, Verdict]]:
-        """Fail the running jobs claimed by a process of this host that is gone, without waiting
-        for their lease (the same rule as an expired lease: retried or dead). A live process's job,
-        and any job of another host, is never touched."""
-        recovered = []
-        for row, pid in self.storage.running_on(HOST):
-            if not process_gone(pid):
-                continue
-            try:
-                job = from_row(row).attach(self)
-            except DamagedJob as exc:
-                self.storage.bury(row.id, str(exc))
-                continue
-            failure = policy.after_failure(job, self.backoff)
-            why = policy.worker_gone(pid, HOST)
-            args = (job.id, job.attempts, why, job.output, failure.state, failure.delay_us)
-            if self.storage.fail(*args, failed_as="lost"):
-                log.warning("job %d recovered: %s", job.id, why)
-                recovered.append((job, failure.verdict))
-        return recovered
-
-    def silent(self, jobs: Iterable[Job | int]) -> set[int]:
-        """The running jobs among these whose worker is gone or silent: its process on this host is
-        gone, or its lease has not been renewed for more than two heartbeat intervals (a worker
-        heartbeats every lease / 3). Jobs not running are never silent."""
-        ids = sorted({check_id(getattr(j, "id", j)) for j in jobs})
-        if not ids:
-            return set()
-        now = self.now_us()
-        found = set()
-        for job_id, status, host, pid, lease_until, lease_us in self.storage.claims(ids):
-            if status != State.RUNNING.value:
-                continue
-            if host == HOST and process_gone(pid):
-                found.add(int(job_id))
-            elif lease_until is not None and lease_us:
-                renewed = int(lease_until) - int(lease_us)
-                if now - renewed > policy.SILENT_AFTER_BEATS * int(lease_us) / policy.HEARTBEATS_PER_LEASE:
-                    found.add(int(job_id))
-        return found
-
     def attempts(self, job_id: int) -> list[AttemptRow]:
         """A job's attempts (attempt, started_at, finished_at, worker_id, host, pid, outcome, error);
         raises JobNotFound for an unknown job."""
@@ -631,20 +537,6 @@ class JobManager:
     def record_progress(self, job: Job, done: float, total: float | None, message: str) -> bool:
         """Store a running job's progress; False once its claim is gone."""
         return self.storage.progress(job.id, job.attempts, done, total, message)
-
-    def lost_claims(self, jobs: Sequence[Job]) -> list[int]:
-        """The ids among these claims that are no longer running under that claim (cancelled, taken)."""
-        if not jobs:
-            return []
-        rows = [JobRow._make(row) for row in self.storage.get_many([j.id for j in jobs])]
-        current = {int(row.id): row for row in rows}
-        return [
-            j.id
-            for j in jobs
-            if j.id not in current
-            or current[j.id].status != State.RUNNING.value
-            or current[j.id].attempts != j.attempts
-        ]
 
     def _lease_lost(self, job: Job, verb: str) -> LeaseLost:
         row = self.storage.get(job.id)

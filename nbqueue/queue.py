@@ -335,12 +335,12 @@ class Queue:
         """Fail every job whose lease expired (a crashed worker), and every running job whose
         worker process on this host is gone (at once, without waiting for its lease): retry or
         dead by its rules."""
-        return len(self.manager.recover())
+        return len(self.manager.lifeline.recover())
 
     def silent_jobs(self, jobs: Iterable[Job | int]) -> set[int]:
         """The ids of the running jobs among these whose worker is gone or silent: its process on
         this host is gone, or its lease was not renewed for more than two heartbeat intervals."""
-        return self.manager.silent(jobs)
+        return self.manager.lifeline.silent(jobs)
 
     # -- managing --------------------------------------------------------------
 

@@ -174,7 +174,7 @@ class Worker:
             self.allow += (cells.CELL_TASK, notebooks.NOTEBOOK_TASK)
         self.worker_id = worker_id or default_worker_id()
         # Often enough that a job whose worker process on this host died is back within seconds
-        # (manager.recover_orphans), whatever the lease; an expired lease is found by the same chore.
+        # (manager.lifeline.recover_orphans), whatever the lease; an expired lease is found by the same chore.
         self.recover_interval = seconds(recover_interval, "recover_interval") or max(
             0.05, min(self.lease / 4, RECOVER_EVERY)
         )
@@ -558,7 +558,7 @@ class Worker:
         context = JobContext(
             job,
             report,
-            still_claimed=lambda: not manager.lost_claims([job]),
+            still_claimed=lambda: not manager.lifeline.lost_claims([job]),
             steps=manager.step_book(job),
             save_file=lambda name, content: manager.save_file(job, name, content),
         )
@@ -762,7 +762,7 @@ class Worker:
             self._loop.warn_if_blocked(Worker._run_async.__code__)
 
     def _recover(self) -> None:
-        for job, verdict in self.manager.recover():
+        for job, verdict in self.manager.lifeline.recover():
             if verdict is Verdict.DEAD:
                 self._hook(job, "on_dead")
 
@@ -784,7 +784,7 @@ class Worker:
         """A running job cancelled with q.cancel() (or taken over): stop its handler, free its slot."""
         with self._state:
             flights = {flight.job.id: flight for flight in self._in_flight.values()}
-        for job_id in self.manager.lost_claims([flight.job for flight in flights.values()]):
+        for job_id in self.manager.lifeline.lost_claims([flight.job for flight in flights.values()]):
             self._claim_gone(flights[job_id])
 
     def _claim_gone(self, flight: Flight) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 import nbqueue
 from nbqueue import Job, ManualClock, Queue
-from nbqueue.manager import HOST
+from nbqueue.lifeline import HOST
 
 
 def claim(q: Queue, lease: float = 30) -> Job:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nbqueue import Queue, Task
-from nbqueue.manager import HOST
+from nbqueue.lifeline import HOST
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")

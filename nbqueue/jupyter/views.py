@@ -306,7 +306,7 @@ class JobBoard(_LiveView):
                 rows,
                 notes,
                 running=running,
-                silent=self.queue.manager.silent(running) if running else set(),
+                silent=self.queue.manager.lifeline.silent(running) if running else set(),
                 selected=self.table.selected,
             ) + (
                 f"<div style='font-size:12px'>+{more} more running: status filter 'running'</div>"

@@ -131,7 +131,7 @@ class ClaimRequest(NamedTuple):
     where: Filter
     worker_id: str
     lease_us: int
-    host: str | None = None  # the claiming process's host (nbqueue.manager.this_host) and pid:
+    host: str | None = None  # the claiming process's host (nbqueue.lifeline.this_host) and pid:
     pid: int | None = None  # a job whose process is gone is recovered at once
 
 

@@ -355,7 +355,7 @@ class Queue:
     def cancel(self, job_id: int | Job) -> Job:
         """Cancel a job that has not finished; a running job's result will be refused."""
         [one] = waiting.job_ids(job_id)
-        return self.manager.cancel(one)
+        return self.manager.admin.cancel(one)
 
     def requeue(self, job_ids: int | Job | Iterable[int | Job] | None = None, *, reload: bool = False) -> int:
         """Give dead (or cancelled) jobs a fresh start: pending, due now, retries 0.
@@ -375,11 +375,11 @@ class Queue:
                 for j in self.manager.get_many(waiting.job_ids(job_ids))
                 if j.task == notebooks.NOTEBOOK_TASK
             ]
-            self.manager.check_signed(jobs)  # only rows that verify are signed again: checked first
+            self.manager.admin.check_signed(jobs)  # only rows that verify are signed again: checked first
             for job in jobs:
                 current = notebooks.read(job.kwargs.get("source", ""))
-                self.manager.repin(job, {**job.kwargs, "notebook": current})
-        return self.manager.requeue(None if job_ids is None else waiting.job_ids(job_ids))
+                self.manager.admin.repin(job, {**job.kwargs, "notebook": current})
+        return self.manager.admin.requeue(None if job_ids is None else waiting.job_ids(job_ids))
 
     def approve(self, job_ids: int | Job | Iterable[int | Job]) -> int:
         """Sign jobs you trust with your secret, so that a signed task (a notebook's code jobs,
@@ -391,11 +391,13 @@ class Queue:
         many = isinstance(job_ids, Iterable) and not isinstance(job_ids, str | bytes | dict)
         items: list[object] = list(job_ids) if isinstance(job_ids, Iterable) and many else [job_ids]
         ids = waiting.job_ids(items if many else job_ids)
-        return self.manager.approve([j if isinstance(j, Job) else i for j, i in zip(items, ids, strict=True)])
+        return self.manager.admin.approve(
+            [j if isinstance(j, Job) else i for j, i in zip(items, ids, strict=True)]
+        )
 
     def delete(self, job_ids: int | Job | Iterable[int | Job]) -> int:
         """Delete finished (completed, dead or cancelled) jobs; returns how many."""
-        return self.manager.delete(waiting.job_ids(job_ids))
+        return self.manager.admin.delete(waiting.job_ids(job_ids))
 
     def purge(
         self,
@@ -410,7 +412,7 @@ class Queue:
         age = seconds(older_than, "older_than") or 0.0
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise InvalidArgument(f"limit must be a whole number >= 1, not {limit!r}")
-        return self.manager.purge(statuses(status), to_us(age), limit)
+        return self.manager.admin.purge(statuses(status), to_us(age), limit)
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Jobs per state, every state present: {"pending": n, "running": n, ...}."""
@@ -493,7 +495,7 @@ class Queue:
         [one] = waiting.job_ids(job)
         if from_step is not None:
             check_step_name(from_step)
-        return self.manager.replay(one, from_step)
+        return self.manager.admin.replay(one, from_step)
 
     # -- limits ----------------------------------------------------------------
 

@@ -849,7 +849,7 @@ class Worker:
     def _prune(self) -> None:
         assert self.retention is not None
         while not self._stopping.is_set():
-            if self.manager.purge(PRUNED, to_us(self.retention), limit=PRUNE_BATCH) < PRUNE_BATCH:
+            if self.manager.admin.purge(PRUNED, to_us(self.retention), limit=PRUNE_BATCH) < PRUNE_BATCH:
                 return
 
     def _hook(self, job: Job, which: str) -> None:

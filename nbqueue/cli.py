@@ -510,7 +510,7 @@ def _steps(queue: Queue, args: argparse.Namespace) -> int:
             "value": stored_value(value),
             "error": error,
         }
-        for name, value, error, attempt, _started, _finished in queue.manager.steps(args.id)
+        for name, value, error, attempt, _started, _finished in queue.manager.journal.steps(args.id)
     ]
     if args.json:
         print(json.dumps(rows))

@@ -25,7 +25,6 @@ from . import payload as payload_json
 from . import tasks as registry
 from .admin import Admin
 from .clock import EPOCH, Clock, from_us, system_clock, to_us, utc_seconds
-from .context import StepBook
 from .context import current as current_job
 from .errors import (
     DamagedJob,
@@ -45,12 +44,13 @@ from .jobs import (
     listed,
     stored_backoff,
 )
+from .journal import Journal
 from .lifeline import HOST, Lifeline
 from .links import Links
 from .options import JobArgs, JobOptions, check_id, gate, read_stored, stored
 from .payload import call_body, check_output, error_text
 from .periodic import Periodics
-from .records import AttemptRow, LimitRow, StepRow
+from .records import AttemptRow, LimitRow
 from .retry import Backoff
 from .storage import (
     ClaimRequest,
@@ -58,7 +58,6 @@ from .storage import (
     Filter,
     NewJob,
     Row,
-    StepRecord,
     Storage,
 )
 from .tasks import Task
@@ -101,6 +100,8 @@ class JobManager:
         self.links = Links(storage, lambda job: job.attach(self))
         #: What a person does to jobs after the fact: cancel, requeue, replay, delete, purge, approve.
         self.admin = Admin(storage, self.trust, self.get, self.get_many)
+        #: What a running job keeps with its claim: its durable steps and its files.
+        self.journal = Journal(storage)
         #: Claims whose worker is gone: expired leases, orphans, silent workers.
         self.lifeline = Lifeline(storage, self.now_us, lambda: self.backoff, lambda job: job.attach(self))
 
@@ -567,45 +568,13 @@ class JobManager:
 
     # -- graphs and steps --------------------------------------------------------
 
+    def load_file(self, job_id: int, name: str) -> str | None:
+        """A file kept with the job, as its Job reads it (JobSource)."""
+        return self.journal.load_file(job_id, name)
+
     def relatives(self, job_id: int) -> tuple[list[int], list[int]]:
         """A job's parents and children (ids), as its Job reads them (JobSource)."""
         return self.links.relatives(job_id)
-
-    def step_book(self, job: Job) -> StepBook:
-        """The durable steps of this claim of `job`: recorded only while the claim lives."""
-
-        def record(name: str, value: str | None, error: str | None, started_us: int) -> str | None:
-            step = StepRecord(job.id, job.attempts, name, value, error, started_us)
-            return self.storage.record_step(step)
-
-        return StepBook(job.id, lambda: self.storage.step_values(job.id), record)
-
-    def steps(self, job_id: int) -> list[StepRow]:
-        """A job's recorded steps: name, value, error, attempt, started_at, finished_at."""
-        return self.storage.steps(check_id(job_id))
-
-    def step_previews(self, job_id: int, chars: int) -> list[StepRow]:
-        """A job's recorded steps, each value cut to `chars` characters (a view reads no more):
-        name, value, error, attempt, started_at, finished_at."""
-        return self.storage.step_previews(check_id(job_id), chars)
-
-    def save_file(self, job: Job, name: str, content: str) -> bool:
-        """Keep a file with this claim of `job` (replacing one of that name); False (nothing
-        written) once the claim is gone."""
-        if not isinstance(name, str) or not name:
-            raise InvalidArgument(f"a file name is a non-empty string, not {name!r}")
-        if not isinstance(content, str):
-            raise InvalidArgument(f"a file's content is a string, not {type(content).__name__}")
-        return self.storage.save_file(job.id, job.attempts, name, content)
-
-    def load_file(self, job_id: int, name: str) -> str | None:
-        """The content of a job's file `name`, or None if it has none."""
-        return self.storage.load_file(check_id(job_id), name)
-
-    def file_names(self, job_ids: Sequence[int]) -> dict[int, list[str]]:
-        """The names of each job's files, sorted, for the jobs that have any."""
-        ids = [check_id(i) for i in job_ids]
-        return self.storage.file_names(ids) if ids else {}
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Jobs per state, every state present."""

@@ -485,7 +485,7 @@ class Queue:
         """A job's durable steps (nbqueue.step), in the order they finished: step, status
         (completed or failed), attempt, started, finished, value, error."""
         [one] = waiting.job_ids(job)
-        return frames.steps_frame(self.manager.steps(one))
+        return frames.steps_frame(self.manager.journal.steps(one))
 
     def replay(self, job: Job | int, from_step: str | None = None) -> Job:
         """Run a job again from one of its steps: that step and every step recorded after it are

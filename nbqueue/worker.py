@@ -559,8 +559,8 @@ class Worker:
             job,
             report,
             still_claimed=lambda: not manager.lifeline.lost_claims([job]),
-            steps=manager.step_book(job),
-            save_file=lambda name, content: manager.save_file(job, name, content),
+            steps=manager.journal.step_book(job),
+            save_file=lambda name, content: manager.journal.save_file(job, name, content),
         )
         flight = Flight(job, time.monotonic(), context)
         with self._state:

@@ -24,23 +24,23 @@ def _claimed(q: Queue, **options: Any) -> Job:
 def _finished_with_file(q: Queue, name: str = "out.ipynb") -> int:
     """A job completed after keeping a file."""
     claim = _claimed(q)
-    assert q.manager.save_file(claim, name, NOTEBOOK)
+    assert q.manager.journal.save_file(claim, name, NOTEBOOK)
     q.complete(claim, "ok")
     return claim.id
 
 
 def test_a_file_saved_under_the_claim_is_read_back_and_replaced_by_name(queue: Queue) -> None:
     claim = _claimed(queue)
-    assert queue.manager.load_file(claim.id, "out.ipynb") is None
-    assert queue.manager.save_file(claim, "out.ipynb", NOTEBOOK)
-    assert queue.manager.load_file(claim.id, "out.ipynb") == NOTEBOOK
-    assert queue.manager.save_file(claim, "out.ipynb", "second")  # an upsert, not a second file
-    assert queue.manager.save_file(claim, "log.txt", "héllo ✓\n" * 1000)
-    assert queue.manager.load_file(claim.id, "out.ipynb") == "second"
-    assert queue.manager.load_file(claim.id, "log.txt") == "héllo ✓\n" * 1000
-    assert queue.manager.file_names([claim.id]) == {claim.id: ["log.txt", "out.ipynb"]}
+    assert queue.manager.journal.load_file(claim.id, "out.ipynb") is None
+    assert queue.manager.journal.save_file(claim, "out.ipynb", NOTEBOOK)
+    assert queue.manager.journal.load_file(claim.id, "out.ipynb") == NOTEBOOK
+    assert queue.manager.journal.save_file(claim, "out.ipynb", "second")  # an upsert, not a second file
+    assert queue.manager.journal.save_file(claim, "log.txt", "héllo ✓\n" * 1000)
+    assert queue.manager.journal.load_file(claim.id, "out.ipynb") == "second"
+    assert queue.manager.journal.load_file(claim.id, "log.txt") == "héllo ✓\n" * 1000
+    assert queue.manager.journal.file_names([claim.id]) == {claim.id: ["log.txt", "out.ipynb"]}
     queue.complete(claim, "ok")
-    assert queue.manager.load_file(claim.id, "out.ipynb") == "second"  # kept after the job finished
+    assert queue.manager.journal.load_file(claim.id, "out.ipynb") == "second"  # kept after the job finished
 
 
 def test_a_job_not_running_under_that_claim_gets_nothing_written(queue: Queue) -> None:
@@ -48,20 +48,20 @@ def test_a_job_not_running_under_that_claim_gets_nothing_written(queue: Queue) -
     assert queue.release(first)
     second = queue.claim(lease=60)
     assert second is not None and second.id == first.id and second.attempts == first.attempts + 1
-    assert queue.manager.save_file(second, "out.ipynb", "live")
-    assert not queue.manager.save_file(first, "out.ipynb", "stale")  # a stale worker writes nothing
-    assert not queue.manager.save_file(first, "other.ipynb", "stale")
-    assert queue.manager.load_file(first.id, "out.ipynb") == "live"
+    assert queue.manager.journal.save_file(second, "out.ipynb", "live")
+    assert not queue.manager.journal.save_file(first, "out.ipynb", "stale")  # a stale worker writes nothing
+    assert not queue.manager.journal.save_file(first, "other.ipynb", "stale")
+    assert queue.manager.journal.load_file(first.id, "out.ipynb") == "live"
     queue.complete(second, "ok")
-    assert not queue.manager.save_file(second, "out.ipynb", "late")  # finished: the claim is gone
+    assert not queue.manager.journal.save_file(second, "out.ipynb", "late")  # finished: the claim is gone
     cancelled = _claimed(queue)
     queue.cancel(cancelled.id)
     pending = queue.enqueue({"waiting": True})
-    assert not queue.manager.save_file(pending, "out.ipynb", NOTEBOOK)  # never claimed
-    assert not queue.manager.save_file(cancelled, "out.ipynb", "cancelled")
-    assert queue.manager.file_names([pending.id, first.id, cancelled.id]) == {first.id: ["out.ipynb"]}
-    assert queue.manager.load_file(first.id, "out.ipynb") == "live"
-    assert queue.manager.load_file(first.id, "other.ipynb") is None
+    assert not queue.manager.journal.save_file(pending, "out.ipynb", NOTEBOOK)  # never claimed
+    assert not queue.manager.journal.save_file(cancelled, "out.ipynb", "cancelled")
+    assert queue.manager.journal.file_names([pending.id, first.id, cancelled.id]) == {first.id: ["out.ipynb"]}
+    assert queue.manager.journal.load_file(first.id, "out.ipynb") == "live"
+    assert queue.manager.journal.load_file(first.id, "other.ipynb") is None
 
 
 def test_an_expired_lease_writes_nothing(clocked_queue: Queue, clock: Any) -> None:
@@ -69,37 +69,37 @@ def test_an_expired_lease_writes_nothing(clocked_queue: Queue, clock: Any) -> No
     claim = clocked_queue.claim(lease=5)
     assert claim is not None and claim.id == job.id
     clock.advance(10)
-    assert not clocked_queue.manager.save_file(claim, "out.ipynb", NOTEBOOK)
-    assert clocked_queue.manager.load_file(claim.id, "out.ipynb") is None
+    assert not clocked_queue.manager.journal.save_file(claim, "out.ipynb", NOTEBOOK)
+    assert clocked_queue.manager.journal.load_file(claim.id, "out.ipynb") is None
 
 
 def test_file_names_lists_each_jobs_files_for_the_board(queue: Queue) -> None:
     with_files = _claimed(queue)
     for name in ("b.txt", "a.ipynb", "c.html"):
-        assert queue.manager.save_file(with_files, name, name)
+        assert queue.manager.journal.save_file(with_files, name, name)
     without = queue.enqueue({"plain": True})
-    assert queue.manager.file_names([]) == {}
-    assert queue.manager.file_names([without.id]) == {}
-    assert queue.manager.file_names([with_files.id, without.id, 10_000]) == {
+    assert queue.manager.journal.file_names([]) == {}
+    assert queue.manager.journal.file_names([without.id]) == {}
+    assert queue.manager.journal.file_names([with_files.id, without.id, 10_000]) == {
         with_files.id: ["a.ipynb", "b.txt", "c.html"]
     }
     with pytest.raises(nbqueue.JobNotFound):
-        queue.manager.file_names([0])
+        queue.manager.journal.file_names([0])
     with pytest.raises(nbqueue.JobNotFound):
-        queue.manager.load_file(-1, "out.ipynb")
+        queue.manager.journal.load_file(-1, "out.ipynb")
     with pytest.raises(nbqueue.InvalidArgument):
-        queue.manager.save_file(with_files, "", "empty name")
+        queue.manager.journal.save_file(with_files, "", "empty name")
     with pytest.raises(nbqueue.InvalidArgument):
-        queue.manager.save_file(with_files, "bytes", b"not text")  # type: ignore[arg-type]
+        queue.manager.journal.save_file(with_files, "bytes", b"not text")  # type: ignore[arg-type]
 
 
 def test_delete_takes_a_jobs_files_with_it(queue: Queue) -> None:
     gone = _finished_with_file(queue)
     kept = _finished_with_file(queue)
     assert queue.delete(gone) == 1
-    assert queue.manager.load_file(gone, "out.ipynb") is None
-    assert queue.manager.file_names([gone, kept]) == {kept: ["out.ipynb"]}
-    assert queue.manager.load_file(kept, "out.ipynb") == NOTEBOOK
+    assert queue.manager.journal.load_file(gone, "out.ipynb") is None
+    assert queue.manager.journal.file_names([gone, kept]) == {kept: ["out.ipynb"]}
+    assert queue.manager.journal.load_file(kept, "out.ipynb") == NOTEBOOK
 
 
 def test_purge_takes_the_purged_jobs_files_with_them(clocked_queue: Queue, clock: Any) -> None:
@@ -108,9 +108,9 @@ def test_purge_takes_the_purged_jobs_files_with_them(clocked_queue: Queue, clock
     clock.advance(10)
     young = _finished_with_file(q)
     assert q.purge("completed", older_than=5) == 1
-    assert q.manager.file_names([old, young]) == {young: ["out.ipynb"]}
+    assert q.manager.journal.file_names([old, young]) == {young: ["out.ipynb"]}
     assert q.purge("completed", older_than=0) == 1
-    assert q.manager.file_names([old, young]) == {}
+    assert q.manager.journal.file_names([old, young]) == {}
 
 
 def test_retention_prunes_old_jobs_with_their_files(clocked_queue: Queue, clock: Any) -> None:
@@ -123,5 +123,5 @@ def test_retention_prunes_old_jobs_with_their_files(clocked_queue: Queue, clock:
         wait_until(lambda: q.counts()["completed"] == 1, 10, "the old job pruned")
     finally:
         worker.stop(timeout=10)
-    assert q.manager.load_file(old, "out.ipynb") is None
-    assert q.manager.file_names([old, young]) == {young: ["out.ipynb"]}
+    assert q.manager.journal.load_file(old, "out.ipynb") is None
+    assert q.manager.journal.file_names([old, young]) == {young: ["out.ipynb"]}

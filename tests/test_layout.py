@@ -120,7 +120,10 @@ def test_layers(module: str, forbidden: set[str]) -> None:
 
 
 # The JobManager and its rooms (each holds the storage the manager hands it): the one door.
-MANAGER = {"nbqueue.manager", "nbqueue.admin", "nbqueue.periodic", "nbqueue.links", "nbqueue.lifeline"}
+MANAGER = {
+    "nbqueue.manager",
+    *("nbqueue.admin", "nbqueue.journal", "nbqueue.periodic", "nbqueue.links", "nbqueue.lifeline"),
+}
 
 
 def test_only_the_manager_and_the_queue_open_storage() -> None:

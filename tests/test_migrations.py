@@ -67,14 +67,14 @@ def check_upgraded(q: nbqueue.Queue) -> None:
     assert q.counts()["pending"] == 1 and q.counts()["dead"] == 1
     job = q.claim()
     assert job is not None and job.id == 1
-    assert q.manager.save_file(job, "out.ipynb", "{}")
+    assert q.manager.journal.save_file(job, "out.ipynb", "{}")
     q.complete(job, "ok")
     assert list(q.attempts(1)["outcome"]) == ["completed"]  # version 8: every attempt recorded
     assert q.requeue(None) == 1
     assert q.counts() == {**dict.fromkeys(q.counts(), 0), "completed": 1, "pending": 1}
-    assert q.manager.file_names([1, 2]) == {1: ["out.ipynb"]}
+    assert q.manager.journal.file_names([1, 2]) == {1: ["out.ipynb"]}
     assert q.delete(1) == 1
-    assert q.manager.load_file(1, "out.ipynb") is None
+    assert q.manager.journal.load_file(1, "out.ipynb") is None
     assert q.manager.storage.attempts(1) == []
     assert q.counts() == {**dict.fromkeys(q.counts(), 0), "pending": 1}
 

@@ -174,7 +174,7 @@ def _run_in_context(q: Queue, job: nbqueue.Job, fn: Any) -> Any:
     """Run a handler as a worker would: inside the job's context, with its step book."""
     from nbqueue.context import JobContext, running
 
-    context = JobContext(job, lambda *_: True, steps=q.manager.step_book(job))
+    context = JobContext(job, lambda *_: True, steps=q.manager.journal.step_book(job))
     with running(context):
         return fn(*job.args, **job.kwargs)
 
@@ -220,4 +220,4 @@ def test_steps_of_a_deleted_job_go_with_it(queue: Queue) -> None:
         job.result(timeout=30)
     assert len(queue.steps(job)) == 1
     queue.delete(job)
-    assert queue.manager.steps(job.id) == []
+    assert queue.manager.journal.steps(job.id) == []

@@ -87,7 +87,7 @@ def family(queue: Queue, job: Job) -> str:
 def steps_table(queue: Queue, job: Job) -> str:
     """A job's durable steps, each value a preview (the pane reads no more of it, however big)."""
     return steps_html(
-        queue.manager.step_previews(job.id, STEP_PREVIEW + 1)
+        queue.manager.journal.step_previews(job.id, STEP_PREVIEW + 1)
     )  # one more: a value that long was cut
 
 

@@ -883,7 +883,7 @@ def test_the_detail_pane_reads_a_preview_of_each_step_value(
     job = big_steps.enqueue()
     with queue.worker():
         job.result(timeout=60)
-    previews = queue.manager.step_previews(job.id, 50)
+    previews = queue.manager.journal.step_previews(job.id, 50)
     assert [(row[0], len(row[1])) for row in previews[:3]] == [("part0", 50), ("part1", 50), ("part2", 50)]
     assert previews[3][:2] == ("small", '{"\\u00fcn\\u00ef":"c\\u00f6d\\u00e9"}')  # small: whole
     # Past the preview, the stored text is no longer JSON: a pane that decoded it whole would fail.

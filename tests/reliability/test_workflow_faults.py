@@ -342,7 +342,7 @@ def test_a_stale_claim_cannot_record_a_step_at_any_point_after_its_lease(make_qu
     job = q.enqueue({"stale": True}, max_retries=3)
     stale = claim_one(q, lease=1.0)
     assert stale.id == job.id
-    stale_context = JobContext(stale, lambda *_: True, steps=q.manager.step_book(stale))
+    stale_context = JobContext(stale, lambda *_: True, steps=q.manager.journal.step_book(stale))
     called: list[str] = []
 
     def through(context: JobContext, name: str, value: str) -> Any:
@@ -369,7 +369,7 @@ def test_a_stale_claim_cannot_record_a_step_at_any_point_after_its_lease(make_qu
     # 3. Claimed again; the new claim records "a", the stale one still cannot (not even a new name).
     fresh = claim_one(q, lease=60)  # once the retry is due
     assert fresh.id == job.id and fresh.attempts == 2
-    fresh_context = JobContext(fresh, lambda *_: True, steps=q.manager.step_book(fresh))
+    fresh_context = JobContext(fresh, lambda *_: True, steps=q.manager.journal.step_book(fresh))
     with pytest.raises(nbqueue.LeaseLost):
         through(stale_context, "a", "stale-3")
     assert through(fresh_context, "a", "fresh") == "fresh"

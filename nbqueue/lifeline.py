@@ -75,22 +75,8 @@ class Lifeline:
         while True:
             batch = self.storage.expired(RECOVER_BATCH)
             for row in batch:
-                try:
-                    job = self._attach(from_row(row))
-                except DamagedJob as exc:
-                    self.storage.bury(row.id, str(exc))
-                    continue
-                failure = policy.after_failure(job, self._backoff())
-                if self.storage.fail(
-                    job.id,
-                    job.attempts,
-                    policy.LEASE_EXPIRED,
-                    job.output,
-                    failure.state,
-                    failure.delay_us,
-                    expired=True,
-                ):
-                    recovered.append((job, failure.verdict))
+                if done := self._fail(row, policy.LEASE_EXPIRED, expired=True):
+                    recovered.append(done)
             if len(batch) < RECOVER_BATCH:
                 return recovered + self.recover_orphans()
 
@@ -102,18 +88,26 @@ class Lifeline:
         for row, pid in self.storage.running_on(HOST):
             if not process_gone(pid):
                 continue
-            try:
-                job = self._attach(from_row(row))
-            except DamagedJob as exc:
-                self.storage.bury(row.id, str(exc))
-                continue
-            failure = policy.after_failure(job, self._backoff())
             why = policy.worker_gone(pid, HOST)
-            args = (job.id, job.attempts, why, job.output, failure.state, failure.delay_us)
-            if self.storage.fail(*args, failed_as="lost"):
-                log.warning("job %d recovered: %s", job.id, why)
-                recovered.append((job, failure.verdict))
+            if done := self._fail(row, why, failed_as="lost"):
+                log.warning("job %d recovered: %s", row.id, why)
+                recovered.append(done)
         return recovered
+
+    def _fail(
+        self, row: JobRow, why: str, expired: bool = False, failed_as: str | None = None
+    ) -> tuple[Job, Verdict] | None:
+        """Fail a recovered claim as an attempt (retried or dead by its rules); None if another
+        process settled it first, or if its row cannot be read (then it is buried)."""
+        try:
+            job = self._attach(from_row(row))
+        except DamagedJob as exc:
+            self.storage.bury(row.id, str(exc))
+            return None
+        failure = policy.after_failure(job, self._backoff())
+        args = (job.id, job.attempts, why, job.output, failure.state, failure.delay_us)
+        done = self.storage.fail(*args, expired=expired, failed_as=failed_as)
+        return (job, failure.verdict) if done else None
 
     def silent(self, jobs: Iterable[Job | int]) -> set[int]:
         """The running jobs among these whose worker is gone or silent: its process on this host is

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,34 +23,18 @@ def magic_threads() -> list[str]:
 
 
 @pytest.fixture
-def ip(tmp_path: Path, sqlite_template: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The global test IPython shell in tmp_path, `%load_ext nbqueue` done, a notebook function
-    `double`, and a queue holding one job; no worker thread may outlive the test."""
-    from IPython.testing.globalipapp import get_ipython
-
-    monkeypatch.chdir(tmp_path)
+def ip(ip: Any, tmp_path: Path, sqlite_template: Path) -> Any:
+    """The shell of tests/jupyter/conftest.py (extension loaded, no worker thread may outlive
+    the test), with a notebook function `double`, values no job can hold, and a queue holding
+    one job."""
     templates.copy_sqlite_template(sqlite_template, tmp_path / "nb.db")
-    shell = get_ipython()
-    names = set(shell.user_ns)
-    assert not magic_threads()
-    shell.run_line_magic("load_ext", "nbqueue")
-    try:
-        shell.run_cell(
-            "def double(x=1):\n    return 2 * x\n"
-            "big = 'x' * (17 * 1024 * 1024)\na_set = {1, 2}\nnan = float('nan')\n"
-        ).raise_error()
-        shell.run_line_magic("nbqueue", str(tmp_path / "nb.db"))
-        shell.run_line_magic("enqueue", "double(21)")
-        yield shell
-    finally:
-        if "nbqueue" in shell.extension_manager.loaded:
-            shell.run_line_magic("unload_ext", "nbqueue")
-        for name in set(shell.user_ns) - names:
-            del shell.user_ns[name]
-        deadline = time.monotonic() + 10
-        while magic_threads() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not magic_threads(), f"worker threads left running: {magic_threads()}"
+    ip.run_cell(
+        "def double(x=1):\n    return 2 * x\n"
+        "big = 'x' * (17 * 1024 * 1024)\na_set = {1, 2}\nnan = float('nan')\n"
+    ).raise_error()
+    ip.run_line_magic("nbqueue", str(tmp_path / "nb.db"))
+    ip.run_line_magic("enqueue", "double(21)")
+    return ip
 
 
 def assert_usage_error(shell: Any, run: Callable[[], Any], match: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from . import dependencies, limits, policy, waiting, workflows
 from . import payload as payload_json
 from . import tasks as registry
-from .admin import Admin
+from .admin import EVERY_STEP, Admin
 from .clock import EPOCH, Clock, from_us, system_clock, to_us, utc_seconds
 from .context import current as current_job
 from .errors import (
@@ -45,11 +45,11 @@ from .jobs import (
     stored_backoff,
 )
 from .journal import Journal
-from .lifeline import HOST, Lifeline
-from .links import Links
+from .lifeline import HOST, Lifeline, process_gone, this_host
+from .links import GRAPH_LIMIT, Links
 from .options import JobArgs, JobOptions, check_id, gate, read_stored, stored
 from .payload import call_body, check_output, error_text
-from .periodic import Periodics
+from .periodic import STORED_PREFIX, Periodic, Periodics
 from .records import AttemptRow, LimitRow
 from .retry import Backoff
 from .storage import (
@@ -65,6 +65,19 @@ from .trust import Trust
 from .workflows import Plan, Workflow
 
 log = logging.getLogger("nbqueue.manager")
+
+# What this module offers; the names that moved to the manager's rooms stay importable here.
+__all__ = [
+    "EVERY_STEP",
+    "GRAPH_LIMIT",
+    "HOST",
+    "STORED_PREFIX",
+    "JobManager",
+    "Periodic",
+    "mine",
+    "process_gone",
+    "this_host",
+]
 
 MINUTE_US = 60_000_000
 LIMITS_RECHECK = 1.0  # seconds a claim trusts its last look for jobs that hold limit keys

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 
 import nbqueue
 from nbqueue.storage import NewJob
-from tests.helpers import run_cli
+from tests.helpers import run_cli, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -287,3 +289,30 @@ def test_schema_names_are_counted_in_utf8_bytes(pg_server: str) -> None:
     finally:
         with psycopg.connect(pg_server, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{longest}" CASCADE')
+
+
+def test_a_queue_dropped_without_close_closes_its_connections(pg_url: str) -> None:
+    """A notebook that opens its queue again (q = Queue(url) in a cell run twice) drops the old
+    one: once collected, its connections are closed (no backend left, no psycopg warning)."""
+    schema = pg_url.rsplit("schema=", 1)[1]
+    q = nbqueue.Queue(pg_url)
+    q.enqueue({"n": 1})
+    with q.worker() as worker:
+        worker.run_until_idle()
+    with psycopg.connect(pg_url.split("?", maxsplit=1)[0], autocommit=True) as admin:
+
+        def ours() -> int:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (f"nbqueue:{schema}",)
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        assert ours() >= 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del q, worker
+            gc.collect()
+        assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [
+            str(w.message) for w in caught
+        ]
+        wait_until(lambda: ours() == 0, 10, "the dropped queue's backends gone")

@@ -17,6 +17,7 @@ import hashlib
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -143,6 +144,18 @@ def _clean(text: str | None) -> str | None:
     return None if text is None else text.replace("\x00", "\\0")
 
 
+def _close_all(
+    pool: list[psycopg.Connection[Any]], listeners: list[psycopg.Connection[Any]], lock: threading.Lock
+) -> None:
+    """Close a collected storage's connections (close() was never called)."""
+    with lock:
+        for conn in [*pool, *listeners]:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+        pool.clear()
+        listeners.clear()
+
+
 class _Idle(NamedTuple):
     """A connection no thread is using, kept for the next statement of any thread."""
 
@@ -177,6 +190,10 @@ class PostgresStorage(SqlStorage):
         self._closed = False
         self._signal = threading.Condition()
         self._listener: psycopg.Connection[Any] | None = None
+        self._listeners: list[psycopg.Connection[Any]] = []  # the listener, for the finalizer
+        # A queue dropped without close() (a notebook cell run again) closes its connections
+        # when it is collected, instead of leaving them to psycopg's warning.
+        weakref.finalize(self, _close_all, self._all, self._listeners, self._all_lock)
         self._listen_lock = threading.Lock()
         self.channel = ""
         self._tidied = float("-inf")
@@ -186,7 +203,11 @@ class PostgresStorage(SqlStorage):
         self._name = (
             {} if "application_name" in given else {"application_name": f"nbqueue:{self.schema}"[:63]}
         )
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:  # refused (a newer schema, a lock held for good): nothing left open
+            self.close()
+            raise
 
     # -- connections -----------------------------------------------------------
 
@@ -197,6 +218,7 @@ class PostgresStorage(SqlStorage):
         settings = dict(self._name)
         if self.synchronous == "full":  # added to the URL's own options, if it has some
             settings["options"] = f"{self._options} -c synchronous_commit=on".strip()
+        conn: psycopg.Connection[Any] | None = None
         try:
             conn = psycopg.connect(
                 self.conninfo,
@@ -215,6 +237,8 @@ class PostgresStorage(SqlStorage):
             conn.autocommit = autocommit
             return conn
         except psycopg.Error as exc:
+            if conn is not None:  # cut while it was being set up: closed, not left to the collector
+                conn.close()
             raise StorageError(f"cannot connect to {self._where}: {exc}") from exc
 
     def _set_up_for(self, conn: psycopg.Connection[Any], kernel: bool) -> None:
@@ -252,7 +276,12 @@ class PostgresStorage(SqlStorage):
         if conn is None:
             conn = self._connect(autocommit=True, kernel=kernel)  # each verb is one statement: one round trip
             with self._all_lock:
-                self._all.append(conn)
+                closed = self._closed  # closed while it connected: close() has not seen it
+                if not closed:
+                    self._all.append(conn)
+            if closed:
+                conn.close()
+                raise StorageError(f"{self._where}: the queue is closed")
         self._local.conn = conn
         return conn
 
@@ -616,9 +645,17 @@ class PostgresStorage(SqlStorage):
 
     def _listening(self) -> psycopg.Connection[Any]:
         if self._listener is None or self._listener.closed or self._listener.broken:
+            self._drop_listener()
+            if self._closed:  # close() has dropped it: no new one it would never see
+                raise StorageError(f"{self._where}: the queue is closed")
             conn = self._connect(autocommit=True)
-            conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(self.channel)))
+            try:
+                conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(self.channel)))
+            except psycopg.Error:
+                conn.close()
+                raise
             self._listener = conn
+            self._listeners[:] = [conn]
         return self._listener
 
     def _drop_listener(self) -> None:
@@ -626,6 +663,7 @@ class PostgresStorage(SqlStorage):
             with contextlib.suppress(psycopg.Error):
                 self._listener.close()
         self._listener = None
+        self._listeners.clear()
 
     def notify(self) -> None:
         with self._signal:

@@ -491,7 +491,7 @@ def listed(row: Sequence[Any]) -> Job:
     def moment(value: Any) -> datetime:
         return from_us(number(value)) or datetime.fromtimestamp(0, UTC)
 
-    r = JobRow._make(row)
+    r = row if isinstance(row, JobRow) else JobRow._make(row)
     return Job(
         id=number(r.id),
         status=State(r.status),  # a CHECK constraint keeps this column sound

@@ -133,8 +133,7 @@ class Lifeline:
         """The ids among these claims that are no longer running under that claim (cancelled, taken)."""
         if not jobs:
             return []
-        rows = [JobRow._make(row) for row in self.storage.get_many([j.id for j in jobs])]
-        current = {int(row.id): row for row in rows}
+        current = {int(row.id): row for row in self.storage.get_many([j.id for j in jobs])}
         return [
             j.id
             for j in jobs

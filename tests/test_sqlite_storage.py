@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import shutil
 import sqlite3
 import stat
 import subprocess
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -199,3 +202,28 @@ def test_a_new_file_has_small_pages(tmp_path: Path) -> None:
     big = "x" * 100_000  # a payload over many pages still round-trips
     with Queue(tmp_path / "new.db") as q:
         assert q.get(q.enqueue({"big": big}).id).payload == {"big": big}
+
+
+def test_a_queue_dropped_without_close_closes_its_connections(tmp_path: Path) -> None:
+    """A notebook that opens its queue again (q = Queue(path) in a cell run twice) drops the
+    old one: once collected, its connections are closed, with no 'unclosed database' warning."""
+    q = Queue(tmp_path / "q.db")
+    q.enqueue({"n": 1})
+    with q.worker() as worker:  # its threads read, then end
+        worker.run_until_idle()
+    claimed = q.claim()
+    assert claimed is not None
+    q.complete(claimed, result=2)
+    assert q.counts()["completed"] == 1
+    gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del q, worker, claimed
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not unclosed, unclosed
+    open_files = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # (the listing's own descriptor is gone by now)
+            open_files.append(os.readlink(f"/proc/self/fd/{fd}"))
+    assert not [f for f in open_files if f.startswith(str(tmp_path))], open_files

@@ -158,6 +158,9 @@ class SQLiteStorage(SqlStorage):
         self._all: list[tuple[sqlite3.Connection, threading.RLock]] = []
         self._all_lock = threading.Lock()
         self._closed = False
+        # A queue dropped without close() (q = Queue(path) in a cell run twice) closes its
+        # connections when collected, instead of leaving them to warn 'unclosed database'.
+        weakref.finalize(self, _close_all, self._all, self._all_lock)
         with _signals_lock:
             self._signal = _signals.setdefault(self.path, _Signal())
             self._write_lock = _write_locks.setdefault(self.path, threading.Lock())
@@ -433,12 +436,8 @@ class SQLiteStorage(SqlStorage):
 
     def close(self) -> None:
         self._closed = True
-        with self._all_lock:
-            for conn, busy in self._all:
-                with busy, suppress(sqlite3.Error):  # waits for a statement running in its thread
-                    conn.close()
-            self._all.clear()
-            self._writer = None
+        _close_all(self._all, self._all_lock)
+        self._writer = None
         self._local = threading.local()
 
 
@@ -447,6 +446,16 @@ class _Held:
 
     def __init__(self, made: tuple[sqlite3.Connection, threading.RLock]) -> None:
         self.made = made
+
+
+def _close_all(every: list[tuple[sqlite3.Connection, threading.RLock]], lock: threading.Lock) -> None:
+    """Close every connection of a storage, each once no statement of its thread is running
+    (closing a connection mid-statement in another thread crashes)."""
+    with lock:
+        for conn, busy in every:
+            with busy, suppress(sqlite3.Error):
+                conn.close()
+        every.clear()
 
 
 def _release(

@@ -227,7 +227,7 @@ def _most_first(counts: dict[str | None, int]) -> dict[str | None, int]:
 
 def _unserved(queue: Queue, runnable: Sequence[str], queues: Sequence[str] | None) -> str | None:
     """What a worker that runs `runnable` says about pending jobs of other tasks (None: nothing)."""
-    waiting = _most_first(queue.manager.pending_per_task(queues))
+    waiting = _most_first(queue.pending_per_task(queues))
     missing = {task: n for task, n in waiting.items() if task is not None and task not in runnable}
     if not missing:
         return None
@@ -332,7 +332,7 @@ def _schedules(queue: Queue, args: argparse.Namespace) -> int:
             return 1
         print(f"removed schedule {args.remove!r}")
         return 0
-    rows = [row for row in queue.manager.periodic.rows() if row["stored"]]
+    rows = [row for row in queue.schedule_rows() if row["stored"]]
     if args.json:
         shown = [
             {**row, "next_run": _iso(row["next_run"]), "last_run": _iso(row["last_run"])} for row in rows
@@ -364,7 +364,7 @@ def _stats(queue: Queue, args: argparse.Namespace) -> int:
             print(f"{state:<{width}}  {n}")
         print(f"{'total':<{width}}  {sum(counts.values())}")
         if counts["pending"]:
-            waiting = _most_first(queue.manager.pending_per_task())
+            waiting = _most_first(queue.pending_per_task())
             print()
             for task, n in waiting.items():
                 if task is None:
@@ -476,7 +476,7 @@ def _show(queue: Queue, args: argparse.Namespace) -> int:
 
 
 def _graph(queue: Queue, args: argparse.Namespace) -> int:
-    graph = queue.manager.links.graph(args.id)
+    graph = queue.graph_rows(args.id)
     if args.json:
         print(
             json.dumps(
@@ -510,7 +510,7 @@ def _steps(queue: Queue, args: argparse.Namespace) -> int:
             "value": stored_value(value),
             "error": error,
         }
-        for name, value, error, attempt, _started, _finished in queue.manager.journal.steps(args.id)
+        for name, value, error, attempt, _started, _finished in queue.step_rows(args.id)
     ]
     if args.json:
         print(json.dumps(rows))

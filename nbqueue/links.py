@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 
 from .errors import JobNotFound, NbqueueError
-from .jobs import Job, listed
+from .jobs import Job, State, listed
 from .options import check_id
 from .storage import Row, Storage
 from .workflows import Planned, Workflow
@@ -81,3 +81,26 @@ class Links:
             sorted(int(p) for p, c in edges if int(c) == job_id),
             sorted(int(c) for p, c in edges if int(p) == job_id),
         )
+
+    def what_blocks(self, jobs: Sequence[Job]) -> dict[int, str]:
+        """What each blocked or upstream_failed job waits for, in a few words:
+        "waiting on #4 (running), #5 (pending)", or "waiting on dead #12: requeue it"."""
+        blocked = [j.id for j in jobs if j.status is State.BLOCKED]
+        doomed = {j.id: j.root_cause for j in jobs if j.status is State.UPSTREAM_FAILED and j.root_cause}
+        if not blocked and not doomed:
+            return {}
+        parents = self.parents_of(blocked)
+        known = self.found([*doomed.values(), *(p for ps in parents.values() for p in ps)])
+        notes = {}
+        for job_id, root_id in doomed.items():
+            root = known.get(root_id)
+            if root is None:
+                notes[job_id] = f"upstream job #{root_id} failed and is gone"
+            elif root.status in (State.DEAD, State.CANCELLED):
+                notes[job_id] = f"waiting on {root.status.value} #{root.id}: requeue it"
+        for job_id in blocked:
+            waited = [known[p] for p in parents.get(job_id, []) if p in known and not known[p].finished]
+            named = ", ".join(f"#{p.id} ({p.status.value})" for p in waited[:3])
+            more = f" +{len(waited) - 3} more" if len(waited) > 3 else ""
+            notes[job_id] = f"waiting on {named}{more}" if waited else "waiting on its parents"
+        return notes

@@ -13,17 +13,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, Unpack, overload
 
-from . import frames, notebooks, targets, waiting
+from . import cells, notebooks, targets, waiting
 from . import schedule as schedules
 from . import tasks as registry
 from .clock import Clock, Duration, seconds, to_us
 from .errors import InvalidArgument
-from .jobs import Job, State, Verdict
+from .jobs import Job, Verdict
 from .limits import Limit, parse_rate
 from .manager import JobManager
 from .options import JobArgs, JobOptions, check_hook, check_name, limit_units, names, queue_names
 from .payload import call_body
 from .periodic import Periodic
+from .reads import Reads, statuses
 from .retry import Backoff
 from .steps import check_name as check_step_name
 from .storage import ClaimRequest, Filter, open_storage
@@ -32,13 +33,13 @@ from .worker import Worker, default_worker_id
 from .workflows import FAMILY_LIMIT, Workflow
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class Queue:
+class Queue(Reads):
     """A durable job queue in one SQLite file (or a PostgreSQL database).
 
     Args:
@@ -276,18 +277,23 @@ class Queue:
         self.manager.periodic.save(Periodic(task, plan, (), kwargs, label), options)
         return label
 
-    def schedules(self) -> pd.DataFrame:
-        """The periodic schedules: those kept in the database (notebooks) and those this
-        process declared (`@q.periodic`), with their next run in their own time zone."""
-        return frames.schedules_frame(self.manager.periodic.rows())
-
     def unschedule(self, name: str) -> bool:
         """Forget a schedule kept in the database; False if there was none of that name."""
         return self.manager.periodic.delete(check_name(name, "schedule name"))
 
     def _notebook_task(self) -> Task[Any, Any]:
         """The notebook task as registered here (a worker's, with its folder), or registered now."""
-        return registry.find(notebooks.NOTEBOOK_TASK) or notebooks.notebook_task(self.manager)
+        return registry.find(notebooks.NOTEBOOK_TASK) or self.notebook_task()
+
+    def notebook_task(self) -> Task[Any, Any]:
+        """Register (again) the opt-in, signed task that runs notebook jobs, for this process's
+        workers; executed notebooks go beside this queue's file unless a job names a folder."""
+        return notebooks.notebook_task(self.manager)
+
+    def cell_task(self, namespace: dict[str, Any] | None = None) -> Task[Any, Any]:
+        """Register the opt-in, signed task that runs queued code (``%%enqueue`` cells) in
+        `namespace` (a notebook's own; default: a fresh one for each job)."""
+        return cells.register_cell_task(self.manager, namespace)
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Unpack[JobArgs]) -> list[int]:
         """Add many raw payload jobs in one transaction: all are written, or none."""
@@ -337,20 +343,7 @@ class Queue:
         dead by its rules."""
         return len(self.manager.lifeline.recover())
 
-    def silent_jobs(self, jobs: Iterable[Job | int]) -> set[int]:
-        """The ids of the running jobs among these whose worker is gone or silent: its process on
-        this host is gone, or its lease was not renewed for more than two heartbeat intervals."""
-        return self.manager.lifeline.silent(jobs)
-
     # -- managing --------------------------------------------------------------
-
-    def get(self, job_id: int) -> Job:
-        """The job with that id; raises JobNotFound."""
-        return self.manager.get(job_id)
-
-    def get_many(self, job_ids: Iterable[int]) -> list[Job]:
-        """Several jobs by id, in the order given; raises JobNotFound for a missing one."""
-        return self.manager.get_many(job_ids)
 
     def cancel(self, job_id: int | Job) -> Job:
         """Cancel a job that has not finished; a running job's result will be refused."""
@@ -414,60 +407,6 @@ class Queue:
             raise InvalidArgument(f"limit must be a whole number >= 1, not {limit!r}")
         return self.manager.admin.purge(statuses(status), to_us(age), limit)
 
-    def counts(self, queue: str | None = None) -> dict[str, int]:
-        """Jobs per state, every state present: {"pending": n, "running": n, ...}."""
-        return self.manager.counts(None if queue is None else check_name(queue, "queue"))
-
-    def queues(self) -> list[str]:
-        """The names of the queues that hold jobs."""
-        return self.manager.queues()
-
-    def jobs(
-        self,
-        status: str | Sequence[str] | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-        brief: bool = False,
-    ) -> list[Job]:
-        """A page of jobs, newest first.
-
-        `brief=True` reads only what a listing shows: no payload, result or output, and the
-        last 2,000 characters of the error; `get(id)` then reads one job whole.
-        """
-        return self.manager.jobs(*_page(status, queue, limit, offset), brief=brief)
-
-    def history(
-        self, status: str | Sequence[str] | None = None, queue: str | None = None, limit: int = 1000
-    ) -> pd.DataFrame:
-        """Jobs as a pandas DataFrame, newest first, with UTC datetimes and categories; `failures`
-        counts each job's failed attempts (failed, dead, timed out or lost), so that
-        ``h.groupby("task")[["attempts", "failures"]].sum()`` is the failure rate per task."""
-        rows = self.manager.rows(*_page(status, queue, limit, 0))
-        return frames.with_failures(frames.jobs_frame(rows), self.manager.failures([int(r[0]) for r in rows]))
-
-    def attempts(self, job: Job | int) -> pd.DataFrame:
-        """Every attempt of a job, in order, one row each: attempt (int), started and finished (UTC
-        datetimes; finished NaT while it runs), duration (seconds; NaN while it runs), worker,
-        host, pid, outcome ("completed", "failed", "dead", "timeout", "lost", "snoozed",
-        "released", "cancelled", or "running") and error (its error text, or None).
-
-        Raises JobNotFound for a job that does not exist.
-        """
-        [one] = waiting.job_ids(job)
-        return frames.attempts_frame(self.manager.attempts(one))
-
-    def activity(self, minutes: int = 60) -> pd.DataFrame:
-        """Attempts that ended in each of the last `minutes` minutes (UTC), one row per minute,
-        every minute present: index "minute" (the minute's start), columns completed and failed
-        (ended failed, dead, timed out or lost). Reads only the attempts by their end time."""
-        first, counts = self.manager.activity(minutes)
-        return frames.activity_frame(first, minutes, counts)
-
-    def dead_letters(self, queue: str | None = None, limit: int = 1000) -> pd.DataFrame:
-        """Dead jobs as a DataFrame, with their last error, newest first."""
-        return self.history(State.DEAD, queue, limit)
-
     # -- workflows -------------------------------------------------------------
 
     def workflow(self, name: str) -> Workflow:
@@ -475,17 +414,6 @@ class Queue:
         memory (no write lock while your code runs) and written in one transaction when it ends;
         an exception in the block writes none. Then `wf.id` and `wf.jobs`."""
         return self.manager.workflow(name)
-
-    def graph(self, of: Workflow | Job | int) -> pd.DataFrame:
-        """The jobs of a workflow, or every job connected to a job by `after=`, one row each:
-        id, task, status, parents (a list of ids), root_cause, workflow."""
-        return frames.graph_frame(self.manager.links.graph(of))
-
-    def steps(self, job: Job | int) -> pd.DataFrame:
-        """A job's durable steps (nbqueue.step), in the order they finished: step, status
-        (completed or failed), attempt, started, finished, value, error."""
-        [one] = waiting.job_ids(job)
-        return frames.steps_frame(self.manager.journal.steps(one))
 
     def replay(self, job: Job | int, from_step: str | None = None) -> Job:
         """Run a job again from one of its steps: that step and every step recorded after it are
@@ -519,12 +447,6 @@ class Queue:
     def resume(self, key: str) -> bool:
         """End a key's pause (a 429's, or one set by hand); False if it was not paused."""
         return self.manager.resume(check_name(key, "limit key"))
-
-    def limits(self) -> pd.DataFrame:
-        """Every limit: key, concurrency, rate, burst, in_flight (units running jobs hold), waiting
-        (jobs), next_start_in (seconds until the rate lets one more start), paused_until, paused_why."""
-        rows, waiting_per_key, now_us = self.manager.limit_rows()
-        return frames.limits_frame(rows, dict(waiting_per_key), now_us)
 
     # -- waiting ---------------------------------------------------------------
 
@@ -599,27 +521,3 @@ def error_types(
         if not (isinstance(kind, type) and issubclass(kind, BaseException)):
             raise InvalidArgument(f"{what} takes exception classes, not {kind!r}")
     return found
-
-
-def statuses(value: str | Sequence[str]) -> tuple[State, ...]:
-    """State names (one or several) as States; an unknown one is refused by name."""
-    out = []
-    for name in names(value, "status"):
-        try:
-            out.append(State(name))
-        except ValueError:
-            valid = ", ".join(s.value for s in State)
-            raise InvalidArgument(f"unknown status {name!r}; use one of {valid}") from None
-    return tuple(out)
-
-
-def _page(
-    status: str | Sequence[str] | None, queue: str | None, limit: int, offset: int
-) -> tuple[tuple[State, ...] | None, str | None, int, int]:
-    """A page request's arguments, checked."""
-    if queue is not None:
-        check_name(queue, "queue")
-    for value, what in ((limit, "limit"), (offset, "offset")):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
-            raise InvalidArgument(f"{what} must be a whole number >= 0, not {value!r}")
-    return (None if status is None else statuses(status)), queue, limit, offset

@@ -159,3 +159,34 @@ def test_rendering_imports_no_widgets() -> None:
     named = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     named += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert not [n for n in named if n.split(".")[0] in ("ipywidgets", "IPython", "anywidget")], named
+
+
+FRONT_ENDS = [name for name in MODULES if name.startswith("nbqueue.jupyter") or name == "nbqueue.cli"]
+
+
+@pytest.mark.parametrize("module", FRONT_ENDS)
+def test_front_ends_go_through_the_queue_s_public_methods(module: str) -> None:
+    """The board, the magics and the CLI call what a user can call: never `.manager` or
+    `.storage`, nor a private name of the Queue."""
+    offenders = [
+        f"{module}:{node.lineno} .{node.attr}"
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+        if isinstance(node, ast.Attribute)
+        and (node.attr in ("manager", "storage") or (node.attr.startswith("_") and _on_a_queue(node)))
+    ]
+    assert not offenders, offenders
+
+
+def _on_a_queue(node: ast.Attribute) -> bool:
+    """`queue._x`, `self.queue._x`, `q._x`: a private name reached on something called a queue."""
+    owner = node.value
+    name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+    return name in ("queue", "q")
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_is_longer_than_700_lines(module: str) -> None:
+    """A module a reader can hold: the longest were split by concern (the manager's rooms,
+    the views' rendering, the Queue's reads)."""
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= 700, f"{module} has {lines} lines"

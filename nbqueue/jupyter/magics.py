@@ -48,7 +48,7 @@ class Session:
         if self.queue is not None:
             self.queue.close()
         self.queue = opened
-        cells.register_cell_task(self.queue.manager, self.shell.user_ns)
+        self.queue.cell_task(self.shell.user_ns)
         self.shell.user_ns["nbqueue_queue"] = self.queue
         return self.queue
 
@@ -63,7 +63,7 @@ class Session:
         if self.worker is not None and self.worker.running:
             return self.worker
         self.adopt_functions()
-        notebooks.notebook_task(queue.manager)  # notebook jobs this kernel's user queued (signed)
+        queue.notebook_task()  # notebook jobs this kernel's user queued (signed)
         self.worker = queue.worker(
             queues=queues,
             concurrency=concurrency,
@@ -83,7 +83,7 @@ class Session:
         """
         adopted = []
         ns = self.shell.user_ns
-        for name in self.current().manager.task_names(UNFINISHED, signed=True):
+        for name in self.current().task_names(UNFINISHED, signed=True):
             if name in registry.names():
                 continue
             found = notebook_function(ns, name)
@@ -296,7 +296,7 @@ class NbqueueMagics(Magics):
         except SyntaxError as exc:
             raise UsageError(f"%%enqueue: the cell does not parse: {exc}") from None
         queue = self.session.current()
-        task = cells.register_cell_task(queue.manager, self.shell.user_ns)
+        task = queue.cell_task(self.shell.user_ns)
         return self._schedule(task, (cell, args.name), {}, args, "%%enqueue")
 
     @magic_arguments(name="worker")

@@ -48,52 +48,25 @@ ALL = "all"
 GRAPH_DRAWN = 300  # jobs of a job's graph the detail pane draws (q.graph has them all)
 
 
-def waiting_notes(queue: Queue, jobs: list[Job]) -> dict[int, str]:
-    """What each blocked or upstream_failed job waits for, in a few words:
-    "waiting on #4 (running), #5 (pending)", or "waiting on dead #12: requeue it"."""
-    manager = queue.manager
-    blocked = [j.id for j in jobs if j.status is State.BLOCKED]
-    doomed = {j.id: j.root_cause for j in jobs if j.status is State.UPSTREAM_FAILED and j.root_cause}
-    if not blocked and not doomed:
-        return {}
-    parents = manager.links.parents_of(blocked)
-    known = manager.links.found([*doomed.values(), *(p for ps in parents.values() for p in ps)])
-    notes = {}
-    for job_id, root_id in doomed.items():
-        root = known.get(root_id)
-        if root is None:
-            notes[job_id] = f"upstream job #{root_id} failed and is gone"
-        elif root.status in (State.DEAD, State.CANCELLED):
-            notes[job_id] = f"waiting on {root.status.value} #{root.id}: requeue it"
-    for job_id in blocked:
-        waited = [known[p] for p in parents.get(job_id, []) if p in known and not known[p].finished]
-        named = ", ".join(f"#{p.id} ({p.status.value})" for p in waited[:3])
-        more = f" +{len(waited) - 3} more" if len(waited) > 3 else ""
-        notes[job_id] = f"waiting on {named}{more}" if waited else "waiting on its parents"
-    return notes
-
-
 def family(queue: Queue, job: Job) -> str:
     """A job's parents and children with their states, what it waits for, and its graph drawn."""
-    parents, children = queue.manager.links.relatives(job.id)
+    parents, children = queue.relatives(job)
     if not parents and not children:
         return ""
-    known = queue.manager.links.found([*parents[:FAMILY_SHOWN], *children[:FAMILY_SHOWN]])
-    note = waiting_notes(queue, [job]).get(job.id)
-    drawing = svg(queue.manager.links.graph(job, limit=GRAPH_DRAWN))
+    known = queue.find([*parents[:FAMILY_SHOWN], *children[:FAMILY_SHOWN]])
+    note = queue.what_blocks([job]).get(job.id)
+    drawing = svg(queue.graph_rows(job, limit=GRAPH_DRAWN))
     return family_html(job, parents, children, known, note, drawing)
 
 
 def steps_table(queue: Queue, job: Job) -> str:
     """A job's durable steps, each value a preview (the pane reads no more of it, however big)."""
-    return steps_html(
-        queue.manager.journal.step_previews(job.id, STEP_PREVIEW + 1)
-    )  # one more: a value that long was cut
+    return steps_html(queue.step_rows(job, preview=STEP_PREVIEW + 1))  # one more: a value that long was cut
 
 
 def graph_html(queue: Queue, of: Workflow | Planned | Job | int, title: str = "") -> str:
     """A workflow's (or a job's) graph drawn as SVG."""
-    return svg(queue.manager.links.graph(of), title)
+    return svg(queue.graph_rows(of), title)
 
 
 class _LiveView(widgets.VBox):  # type: ignore[misc]
@@ -266,11 +239,7 @@ class JobBoard(_LiveView):
             # then hold the rest, newest first.
             pinned = status is None and counts["running"] > 0
             shown = [s for s in State if s is not State.RUNNING] if pinned else None
-            running = (
-                self.queue.manager.jobs([State.RUNNING], queue, RUNNING_SHOWN, 0, brief=True)
-                if pinned
-                else []
-            )
+            running = self.queue.jobs(State.RUNNING, queue, RUNNING_SHOWN, brief=True) if pinned else []
             if status is not None:
                 matching = counts[status]
             else:
@@ -278,10 +247,7 @@ class JobBoard(_LiveView):
             pages = max(1, -(-matching // self.page_size))
             self.page = min(self.page, pages - 1)
             offset = self.page * self.page_size
-            if shown is not None:
-                rows = self.queue.manager.jobs(shown, queue, self.page_size, offset, brief=True)
-            else:
-                rows = self.queue.jobs(status, queue, self.page_size, offset, brief=True)
+            rows = self.queue.jobs(shown or status, queue, self.page_size, offset, brief=True)
             names = [ALL, *self.queue.queues()]
             if queue and queue not in names:
                 names.append(queue)
@@ -298,15 +264,15 @@ class JobBoard(_LiveView):
             self._draw_chart()
             self.limits_html.value = or_damage("LIMITS", lambda: limits_line(self.queue.limits()))
             self.schedules_html.value = or_damage(
-                "SCHEDULES", lambda: schedules_line(self.queue.manager.periodic.rows())
+                "SCHEDULES", lambda: schedules_line(self.queue.schedule_rows())
             )
             more = counts["running"] - len(running)
-            notes = waiting_notes(self.queue, rows)
+            notes = self.queue.what_blocks(rows)
             self.table.value = jobs_table(
                 rows,
                 notes,
                 running=running,
-                silent=self.queue.manager.lifeline.silent(running) if running else set(),
+                silent=self.queue.silent_jobs(running) if running else set(),
                 selected=self.table.selected,
             ) + (
                 f"<div style='font-size:12px'>+{more} more running: status filter 'running'</div>"
@@ -422,7 +388,7 @@ class GraphView(_LiveView):
 
     def refresh(self) -> None:
         with self._lock:
-            graph = self.queue.manager.links.graph(self.of)
+            graph = self.queue.graph_rows(self.of)
             counts: dict[State, int] = {}
             for job, _ in graph:
                 counts[job.status] = counts.get(job.status, 0) + 1

@@ -15,7 +15,7 @@ import nbqueue
 from nbqueue import Queue
 from nbqueue.dag import COLOURS, MAX_COLUMN, MAX_LEVELS, levels, svg
 from nbqueue.jupyter.render import job_detail
-from nbqueue.jupyter.views import GraphView, JobBoard, waiting_notes
+from nbqueue.jupyter.views import GraphView, JobBoard
 from tests.helpers import run_cli, wait_until
 
 
@@ -54,7 +54,7 @@ def test_a_doomed_job_says_which_dead_job_to_requeue(queue: Queue, views: list[A
     late = queue.enqueue({"late": 1}, after=[other])
     fail_next(queue)
     listed = queue.jobs()
-    notes = waiting_notes(queue, listed)
+    notes = queue.what_blocks(listed)
     assert notes[summary.id] == f"waiting on dead #{search.id}: requeue it"
     assert notes[late.id] == f"waiting on #{other.id} (pending)"
     board = JobBoard(queue, interval=3600, chart=False)

@@ -10,13 +10,20 @@ undoes the claims of unstarted jobs (no attempt counted) once they have waited H
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from .errors import NbqueueError
+
 if TYPE_CHECKING:
     from .jobs import Job
+    from .manager import JobManager
+    from .storage import ClaimRequest
+
+log = logging.getLogger("nbqueue.worker")
 
 HOLD = 0.05  # seconds a written-later success or a waiting claimed job may wait at most
 
@@ -90,3 +97,41 @@ class Batch:
         self._since = None if not self.done else self._since
         self.size, self._loaded = 1, (0.0, 0)
         return waiting
+
+    def flush(
+        self, manager: JobManager, then_claim: ClaimRequest | None
+    ) -> tuple[list[tuple[Job, Any]], list[bool], bool]:
+        """Write the successes and, with `then_claim`, claim the next jobs: one commit. The
+        successes written, whether each was recorded (False: its claim was lost), and whether
+        some claimed jobs wait their turn (then the keeper should watch how long)."""
+        with self.lock:
+            done = self.take_done()
+            try:
+                flags, claimed = manager.finish_batch(done, then_claim, self.size if then_claim else 0)
+            except BaseException:
+                self.done[:0] = done  # nothing was written: they go with the next try
+                raise
+            return done, flags, self.load(claimed)
+
+    def settle(
+        self, manager: JobManager, overdue_at: float | None = None
+    ) -> tuple[list[tuple[Job, Any]], list[bool]]:
+        """Write the successes and give back the waiting jobs unrun (a slow job holds the runner,
+        or the runner has ended); with `overdue_at`, only if still overdue then (the runner may
+        have written them and claimed afresh meanwhile). The successes and their flags."""
+        with self.lock:
+            if overdue_at is not None and not self.overdue(overdue_at):
+                return [], []
+            done = self.take_done()
+            waiting = self.give_back()
+            try:
+                flags = manager.finish_batch(done, None, 0)[0] if done else []
+            except NbqueueError:
+                log.exception("could not record the outcome of jobs %s", [job.id for job, _ in done])
+                flags = [False] * len(done)
+            for job in waiting:  # never started: the claim is undone, no attempt counted
+                try:
+                    manager.unclaim(job)
+                except NbqueueError as exc:  # lost meanwhile; else its lease brings it back
+                    log.warning("job %d could not be given back: %s", job.id, exc)
+            return done, flags

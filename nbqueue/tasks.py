@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, Unpack
 
-from .errors import InvalidArgument, TaskNotFound
+from .errors import InvalidArgument, TaskNotFound, Unretryable
 from .options import JobArgs, JobOptions
 from .retry import Backoff
 
@@ -170,3 +171,23 @@ def opt_in_names() -> tuple[str, ...]:
     """The registered tasks that run only where a worker allows them by name."""
     with _registry_lock:
         return tuple(name for name, task in _registry.items() if task.opt_in)
+
+
+def unfit(fn: Any, job: Job) -> Unretryable | None:
+    """If the job's arguments cannot bind to the function, why (no retry can mend that)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call speak
+        return None
+    try:
+        signature.bind(*job.args, **job.kwargs)
+    except TypeError as exc:
+        return Unretryable(f"the job's arguments do not fit {job.task}{signature}: {exc}")
+    return None
+
+
+def check_arguments(fn: Any, job: Job) -> None:
+    """Before a child process is started for it: a call the function cannot take is Unretryable."""
+    problem = unfit(fn, job)
+    if problem is not None:
+        raise problem

@@ -3,15 +3,14 @@
 With `nbqueue.aio` (its event loop), the only module with threads. It never
 writes to stdout or stderr (in a notebook that output would land in whatever
 cell is running): it logs through `logging`, and what a job prints is captured
-into the job's record. A keeper thread heartbeats running jobs, recovers expired
-leases, enforces timeouts, notices cancellations, enqueues periodic tasks and
-prunes old jobs. A coroutine handler is handed to the worker's event loop, up to
-`async_concurrency` at once, and its runner thread goes back to claiming.
+into the job's record. A keeper thread (nbqueue.keeper) heartbeats running jobs,
+enforces timeouts, notices cancellations and runs the queue's housekeeping; one
+object keeps what is in flight (nbqueue.flights); coroutine jobs go to the
+worker's event loop (nbqueue.coroutines) and their runner goes back to claiming.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import inspect
 import io
@@ -20,17 +19,17 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import cells, notebooks, policy
 from . import tasks as registry
-from .aio import JobLoop, close_ended_runners
+from .aio import close_ended_runners
 from .batches import Batch
 from .capture import captured, tail
 from .clock import Duration, seconds, to_us
 from .context import JobContext, TimedOut, running
+from .coroutines import Coroutines
 from .errors import (
     InvalidArgument,
     InvalidTransition,
@@ -40,9 +39,10 @@ from .errors import (
     Unretryable,
     WaitTimeout,
 )
+from .flights import Flight, Flights
 from .isolation import Ending, Outcome, run_in_child
 from .jobs import Job, State, Verdict
-from .loops import check_clients, foreign_loop
+from .keeper import PERIODIC_EVERY, TIDY_EVERY, Chore, Housekeeping, Keeper, housekeeping, interval
 from .options import queue_names
 from .storage import ClaimRequest, Filter
 
@@ -65,31 +65,7 @@ IDLE_RECHECK = 0.5  # seconds an idle thread sleeps before re-reading the due ti
 HELD_BACK_RECHECK = 0.005
 STOP_REWAKE = 0.02  # seconds between the wake-ups stop() sends runners still waiting
 CANCEL_EVERY = 0.5  # seconds between checks for running jobs cancelled with q.cancel()
-PERIODIC_EVERY = 1.0  # seconds between checks for periodic slots
 KILL_GRACE = 5.0  # seconds stop() gives a process-mode runner to kill its child
-RECOVER_EVERY = 2.0  # seconds between recoveries at most: expired leases, and jobs of gone processes
-TIDY_EVERY = 10.0  # seconds between storage housekeeping (PostgreSQL folds its count changes)
-PRUNE_BATCH = 500
-PRUNED = (State.COMPLETED,)  # retention prunes completed jobs; dead ones wait for a person
-
-
-@dataclass
-class Flight:
-    """A job this worker is running: its claim, when it started, its context, its runner."""
-
-    job: Job
-    started: float
-    context: JobContext
-    runner: threading.Thread = field(default_factory=threading.current_thread)
-    task: concurrent.futures.Future[None] | None = None  # a coroutine job on the worker's loop
-
-
-def interval(value: Duration, name: str) -> float:
-    """A worker's period in seconds: more than nothing (a keeper chore of 0 s would spin)."""
-    result = seconds(value, name, allow_none=False) or 0.0
-    if result < 0.001:
-        raise InvalidArgument(f"{name} must be at least 0.001 seconds, not {result:g}")
-    return result
 
 
 def default_worker_id() -> str:
@@ -173,40 +149,31 @@ class Worker:
             notebooks.notebook_task(self.manager, notebook_dir)
             self.allow += (cells.CELL_TASK, notebooks.NOTEBOOK_TASK)
         self.worker_id = worker_id or default_worker_id()
-        # Often enough that a job whose worker process on this host died is back within seconds
-        # (manager.lifeline.recover_orphans), whatever the lease; an expired lease is found by the same chore.
-        self.recover_interval = seconds(recover_interval, "recover_interval") or max(
-            0.05, min(self.lease / 4, RECOVER_EVERY)
+        self.housekeeping = Housekeeping.of(
+            self.lease, self.retention, recover_interval, periodic_interval, tidy_interval, prune_interval
         )
         self.cancel_interval = interval(cancel_interval, "cancel_interval")
-        self.periodic_interval = interval(periodic_interval, "periodic_interval")
-        self.tidy_interval = interval(tidy_interval, "tidy_interval")
         self.idle_interval = interval(idle_interval, "idle_interval")
-        self.prune_interval = (
-            min(60.0, max(1.0, (self.retention or 0.0) / 10))
-            if prune_interval is None
-            else interval(prune_interval, "prune_interval")
-        )
-        self.completed = 0
-        self.failed = 0
+        #: What is in flight, and the one lock it (and this worker's list of threads) is kept under.
+        self.flights = Flights()
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
-        self._state = threading.Condition()
-        self._busy = 0  # threads claiming or running; guarded by _state
-        self._in_flight: dict[int, Flight] = {}
-        self._batches: list[Batch] = []  # each runner's claimed jobs and unwritten successes
         # Quick jobs are claimed several at a time (nbqueue.batches) where the storage can, in
         # thread mode, and with a lease long enough that waiting a moment never risks it.
         quick = mode == "thread" and lease_s >= 1.0
         self._batch_most = self.manager.batch_claims if quick else 1
-        self._retired: set[threading.Thread] = set()  # runners left to a handler whose job was taken away
-        self._crashes = 0  # runners crashed since a claim last worked (counted under _state)
+        self._crashes = 0  # runners crashed since a claim last worked (counted under the lock)
         self._keeper_wake = threading.Event()  # a new deadline to watch, or stop
-        self._async_slots = threading.BoundedSemaphore(async_concurrency)
-        self._async_busy = 0  # coroutine jobs in flight; guarded by _state
-        self._loop: JobLoop | None = None
+        self._coroutines = Coroutines(
+            self.flights,
+            async_concurrency,
+            self.worker_id,
+            self._stopping,
+            self._report,
+            self._say_stopped,
+            self._give_back,
+        )
         self._filter_made: tuple[int, Filter] = (-1, Filter())
-        self._reporter: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -214,8 +181,8 @@ class Worker:
     def running(self) -> bool:
         """True while the worker's keeper and every one of its runners are alive (a runner that
         died of an unexpected error is replaced at once; False after stop())."""
-        with self._state:
-            threads = [t for t in self._threads if t not in self._retired]
+        with self.flights.lock:
+            threads = self.flights.serving(self._threads)
         keeper = [t for t in threads if t.name == "nbqueue-keeper"]
         return bool(keeper) and all(t.is_alive() for t in threads)
 
@@ -223,14 +190,14 @@ class Worker:
         """Start the threads (no-op if already running)."""
         if any(t.is_alive() for t in self._threads):  # (a thread left from before: never two sets)
             return self
-        with self._state:
+        with self.flights.lock:
             self._stopping.clear()
             self._keeper_wake.clear()
-            self._retired = {t for t in self._retired if t.is_alive()}
+            self.flights.forget_ended()
             self._threads = []
             for _ in range(self.concurrency):
                 self._spawn_runner()
-            keeper = threading.Thread(target=self._keeper, name="nbqueue-keeper", daemon=True)
+            keeper = threading.Thread(target=self._keeper().run, name="nbqueue-keeper", daemon=True)
             keeper.start()
             self._threads.append(keeper)
         log.info(
@@ -250,14 +217,16 @@ class Worker:
         Returns True when every thread has ended, or has been retired with its job
         released (False: a job could not be released, or the keeper did not end).
         """
-        with self._state:  # no runner is started after this: the keeper checks _stopping under _state
+        with self.flights.lock:  # no runner is started after this: the keeper checks _stopping under it
             self._stopping.set()
             threads = list(self._threads)
         self._keeper_wake.set()
         self.manager.wake()
         deadline = time.monotonic() + timeout
         for thread in threads:  # a runner already retired (its job timed out or cancelled) is not waited for
-            while thread.name != "nbqueue-keeper" and thread not in self._retired and thread.is_alive():
+            while (
+                thread.name != "nbqueue-keeper" and not self.flights.is_retired(thread) and thread.is_alive()
+            ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -265,8 +234,7 @@ class Worker:
                 # and only then began to wait would otherwise sleep its whole idle_interval.
                 thread.join(min(remaining, STOP_REWAKE))
                 self.manager.wake()
-        with self._state:
-            stuck = [flight for flight in list(self._in_flight.values()) if self._retire(flight)]
+        stuck = self.flights.retire_all()
         threaded = [flight for flight in stuck if flight.task is None]
         for flight in stuck:  # a coroutine is cancelled at its next await: let it unwind
             if flight.task is not None:
@@ -286,25 +254,16 @@ class Worker:
             except NbqueueError as exc:
                 released = False
                 log.warning("job %d could not be released: %s", flight.job.id, exc)
-        with self._state:
-            left = list(self._batches)  # runners retired to a handler still hold theirs
-        for batch in left:
+        for batch in self.flights.batches():  # runners retired to a handler still hold theirs
             self._settle(batch)
-        with self._state:
-            self._busy -= len(threaded)  # retired runners never count themselves out
-            self._state.notify_all()
+        self.flights.count(busy=-len(threaded))  # retired runners never count themselves out
         for thread in threads:
             if thread.name == "nbqueue-keeper":
                 thread.join(max(0.1, deadline - time.monotonic()))
-        if self._loop is not None:
-            self._loop.stop(max(0.1, deadline - time.monotonic()))
-            self._loop = None
+        self._coroutines.stop(deadline - time.monotonic())
         close_ended_runners(max(0.1, deadline - time.monotonic()))  # run_sync loops of ended runners
-        if self._reporter is not None:
-            self._reporter.shutdown(wait=True)
-            self._reporter = None
-        with self._state:
-            alive = [t for t in self._threads if t.is_alive() and t not in self._retired]
+        with self.flights.lock:
+            alive = [t for t in self.flights.serving(self._threads) if t.is_alive()]
             self._threads = alive
         return released and not alive
 
@@ -320,11 +279,9 @@ class Worker:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                with self._state:
-                    idle = self._busy == 0 and self._async_busy == 0
-                    if idle and not self.manager.due_now(self._filter()):
-                        return
-                    self._state.wait(0.02)
+                if self.flights.idle() and not self.manager.due_now(self._filter()):
+                    return
+                self.flights.wait(0.02)
                 self.manager.notify()  # wake an idle thread for the due job
                 if deadline is not None and time.monotonic() > deadline:
                     raise WaitTimeout(f"the worker was still busy after {timeout} s")
@@ -336,19 +293,27 @@ class Worker:
 
     def status(self) -> dict[str, Any]:
         """What the worker is doing: running, in-flight job ids and tallies."""
-        with self._state:
-            in_flight = sorted(self._in_flight)
         return {
             "worker_id": self.worker_id,
             "running": self.running,
             "concurrency": self.concurrency,
             "queues": list(self.queues) if self.queues else None,
             "mode": self.mode,
-            "in_flight": in_flight,
-            "async_in_flight": self._async_busy,
+            "in_flight": self.flights.ids(),
+            "async_in_flight": self.flights.async_busy,
             "completed": self.completed,
             "failed": self.failed,
         }
+
+    @property
+    def completed(self) -> int:
+        """Jobs this worker completed."""
+        return self.flights.completed
+
+    @property
+    def failed(self) -> int:
+        """Attempts of this worker that failed (retried or dead)."""
+        return self.flights.failed
 
     def __enter__(self) -> Worker:
         return self.start()
@@ -373,7 +338,7 @@ class Worker:
         return ClaimRequest(self._filter(), self.worker_id, to_us(self.lease))
 
     def _spawn_runner(self, pause: float = 0.0) -> None:
-        """Start a runner thread; the caller holds `_state` (so stop() never sees one unstarted).
+        """Start a runner thread; the caller holds the lock (so stop() never sees one unstarted).
         It waits `pause` seconds before its first claim (a runner restarted after a crash)."""
         runner = threading.Thread(
             target=self._run_loop, args=(pause,), name=f"nbqueue-worker-{len(self._threads)}", daemon=True
@@ -383,8 +348,7 @@ class Worker:
 
     def _run_loop(self, pause: float = 0.0) -> None:
         batch = Batch(self._batch_most)
-        with self._state:
-            self._batches.append(batch)
+        self.flights.add_batch(batch)
         holding = False  # counted in `_busy`: from its claim until it holds no job and no success
         failing = 0  # claims failed in a row (database read-only, full, gone): back off
         job: Job | None = None  # the job this runner runs, if any
@@ -392,7 +356,7 @@ class Worker:
         try:
             self._stopping.wait(pause)
             while True:
-                if threading.current_thread() in self._retired:  # whoever retired us counts us out
+                if self.flights.is_retired(threading.current_thread()):  # whoever retired us counts us out
                     holding = False
                     return
                 if self._stopping.is_set():  # what the batch still holds is settled on the way out
@@ -403,8 +367,7 @@ class Worker:
                     job = None
                     continue
                 if not holding:
-                    with self._state:
-                        self._busy += 1
+                    self.flights.count(busy=1)
                     holding = True
                 try:  # the successes so far and the next claim, in one commit
                     self._flush(batch, self._request())
@@ -421,9 +384,7 @@ class Worker:
                 if batch.waiting:
                     continue
                 if not batch.done:  # (unwritten successes keep it busy while writes fail)
-                    with self._state:
-                        self._busy -= 1
-                        self._state.notify_all()
+                    self.flights.count(busy=-1)
                     holding = False
                 if failing:
                     self._stopping.wait(min(30.0, 0.25 * 2 ** min(failing, 7)))
@@ -438,18 +399,17 @@ class Worker:
                 self._fail_crashed(job, exc)
         finally:
             self._settle(batch)
-            with self._state:
-                self._batches.remove(batch)
+            with self.flights.lock:
+                self.flights.drop_batch(batch)
                 if holding:
-                    self._busy -= 1
-                    self._state.notify_all()
+                    self.flights.count(busy=-1)
                 if crash is not None:
                     self._restart(threading.current_thread())
 
     def _restart(self, crashed: threading.Thread) -> None:
-        """A new runner in place of one that crashed (the caller holds `_state`), after a pause
+        """A new runner in place of one that crashed (the caller holds the lock), after a pause
         that grows while runners keep crashing without a claim working in between."""
-        if self._stopping.is_set() or crashed in self._retired:
+        if self._stopping.is_set() or self.flights.is_retired(crashed):
             return
         self._crashes += 1
         self._threads.remove(crashed)
@@ -458,9 +418,8 @@ class Worker:
     def _fail_crashed(self, job: Job, exc: Exception) -> None:
         """The job a runner crashed on fails with that error (retried or dead by its rules), rather
         than staying running until its lease ends."""
-        with self._state:
-            if job.id in self._in_flight:  # still watched: its claim is settled by whoever took it
-                return
+        if job.id in self.flights.ids():  # still watched: its claim is settled by whoever took it
+            return
         try:
             self.manager.fail(job, exc)
         except LeaseLost as lost:
@@ -470,42 +429,19 @@ class Worker:
 
     def _flush(self, batch: Batch, then_claim: ClaimRequest | None) -> None:
         """Write the batch's successes and, with `then_claim`, claim its next jobs: one commit."""
-        with batch.lock:
-            done = batch.take_done()
-            try:
-                flags, claimed = self.manager.finish_batch(done, then_claim, batch.size if then_claim else 0)
-            except BaseException:
-                batch.done[:0] = done  # nothing was written: they go with the next try
-                raise
-            if batch.load(claimed):  # some wait their turn: the keeper watches how long
-                self._keeper_wake.set()
+        done, flags, queued = batch.flush(self.manager, then_claim)
+        if queued:  # some wait their turn: the keeper watches how long
+            self._keeper_wake.set()
         self._written(done, flags)
 
     def _settle(self, batch: Batch, overdue_at: float | None = None) -> None:
-        """Write a batch's successes and give back its waiting jobs unrun (a slow job holds the
-        runner, or the runner has ended). With `overdue_at`, only if it is still overdue then
-        (its runner may have written it and claimed afresh meanwhile)."""
-        with batch.lock:
-            if overdue_at is not None and not batch.overdue(overdue_at):
-                return
-            done = batch.take_done()
-            waiting = batch.give_back()
-            try:
-                flags = self.manager.finish_batch(done, None, 0)[0] if done else []
-            except NbqueueError:
-                log.exception("could not record the outcome of jobs %s", [job.id for job, _ in done])
-                flags = [False] * len(done)
-            for job in waiting:  # never started: the claim is undone, no attempt counted
-                try:
-                    self.manager.unclaim(job)
-                except NbqueueError as exc:  # lost meanwhile; else its lease brings it back
-                    log.warning("job %d could not be given back: %s", job.id, exc)
-        self._written(done, flags, quiet=True)
+        """Write a batch's successes and give back its waiting jobs (Batch.settle)."""
+        self._written(*batch.settle(self.manager, overdue_at), quiet=True)
 
     def _written(self, done: list[tuple[Job, Any]], flags: list[bool], quiet: bool = False) -> None:
         for (job, _), ok in zip(done, flags, strict=True):
             if ok:
-                self._tally(completed=1)
+                self.flights.count(completed=1)
                 self._hook(job, "on_complete")
             elif not quiet:
                 log.warning(
@@ -516,8 +452,7 @@ class Worker:
         """Settle the batches that held a success or a waiting job too long (a slow job runs);
         when the others will be due."""
         now = time.monotonic()
-        with self._state:
-            batches_now = list(self._batches)
+        batches_now = self.flights.batches()
         due = []
         for batch in batches_now:
             if batch.overdue(now):
@@ -563,8 +498,7 @@ class Worker:
             save_file=lambda name, content: manager.journal.save_file(job, name, content),
         )
         flight = Flight(job, time.monotonic(), context)
-        with self._state:
-            self._in_flight[job.id] = flight
+        self.flights.add(flight)
         if job.timeout is not None and self.mode == "thread":
             self._keeper_wake.set()  # the keeper watches this deadline from now on
         buffer = io.StringIO()
@@ -573,7 +507,7 @@ class Worker:
         try:
             handler = registry.lookup(job.task or "")
             if self.mode == "process" and not handler.own_process:
-                check_arguments(handler.fn, job)
+                registry.check_arguments(handler.fn, job)
                 outcome = run_in_child(job, handler.fn, context, job.timeout)
                 buffer.write(outcome.output or "")
             else:
@@ -581,21 +515,18 @@ class Worker:
                     value = handler.fn(*job.args, **job.kwargs)
                 if inspect.iscoroutine(value):  # an async handler: on to the worker's loop
                     launched = True
-                    self._launch(flight, value, buffer)
+                    self._coroutines.launch(flight, value, buffer)
                     return
                 outcome = Outcome(Ending.RETURNED, value)
         except TypeError as exc:  # the call itself may not fit the function: then no retry can help
-            outcome = Outcome(Ending.RAISED, (handler and unfit(handler.fn, job)) or exc)
+            outcome = Outcome(Ending.RAISED, (handler and registry.unfit(handler.fn, job)) or exc)
         except TimedOut as exc:  # a job that keeps its own deadline (a notebook's) met it
             outcome = Outcome(Ending.TIMED_OUT, exc)
         except BaseException as exc:  # a handler's failure is the job's, never the worker's
             outcome = Outcome(Ending.RAISED, exc)
         finally:
-            if not launched:
-                with self._state:  # ours only if no timeout or stop took it (and no newer claim)
-                    owned = self._in_flight.get(job.id) is flight
-                    if owned:
-                        del self._in_flight[job.id]
+            if not launched:  # ours only if no timeout or stop took it (and no newer claim)
+                owned = self.flights.land(flight)
         output = tail(buffer.getvalue())
         if context.cancel.is_set() or outcome.ending is Ending.CANCELLED:
             log.info("job %d stopped: cancelled, timed out or released", job.id)
@@ -604,76 +535,6 @@ class Worker:
             log.warning("job %d finished after its claim was given up; result discarded", job.id)
             return
         self._report(job, outcome, output, batch)
-
-    # -- coroutine jobs ----------------------------------------------------------
-
-    def _launch(self, flight: Flight, coroutine: Any, buffer: io.StringIO) -> None:
-        """Hand a coroutine job to the worker's loop once a slot is free; this thread moves on."""
-        while not self._async_slots.acquire(timeout=0.2):
-            with self._state:
-                taken = self._in_flight.get(flight.job.id) is not flight  # stopped or cancelled meanwhile
-                stopping = not taken and self._stopping.is_set()
-                if stopping:  # never started: back to pending, and stop() need not wait for a slot
-                    del self._in_flight[flight.job.id]
-            if taken or stopping:
-                coroutine.close()
-                if stopping:
-                    self._give_back(flight.job)
-                return
-        with self._state:
-            if self._in_flight.get(flight.job.id) is not flight:
-                self._async_slots.release()
-                coroutine.close()
-                return
-            self._async_busy += 1
-            if self._loop is None:
-                self._loop = JobLoop(f"nbqueue-loop-{self.worker_id}", self.worker_id)
-                self._reporter = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="nbqueue-report")
-            flight.task = self._loop.submit(self._run_async(flight.job, flight, coroutine, buffer))
-
-    async def _run_async(self, job: Job, flight: Flight, coroutine: Any, buffer: io.StringIO) -> None:
-        """A coroutine job on the worker's loop; its job's context follows it across awaits."""
-        left = None if job.timeout is None else max(0.0, job.timeout - (time.monotonic() - flight.started))
-        deadline = asyncio.timeout(left)  # nbqueue's own: a TimeoutError the job raises is the job's
-        try:
-            check_clients(coroutine, asyncio.get_running_loop())  # before anything is sent
-            with captured(buffer), running(flight.context):
-                async with deadline:
-                    value = await coroutine
-            outcome = Outcome(Ending.RETURNED, value)
-        except asyncio.CancelledError:
-            outcome = Outcome(Ending.CANCELLED)
-        except TimeoutError as exc:
-            if deadline.expired():
-                timed_out = f"timed out after {job.timeout:g} s (interrupted at an await)"
-                outcome = Outcome(Ending.TIMED_OUT, timed_out)
-            else:  # the job's own (a client's timeout, its own asyncio.timeout): an ordinary error
-                outcome = Outcome(Ending.RAISED, exc)
-        except BaseException as exc:  # a handler's failure is the job's, never the worker's
-            outcome = Outcome(Ending.RAISED, foreign_loop(exc, asyncio.get_running_loop()) or exc)
-        finally:
-            coroutine.close()  # never started (a client of another loop): no "never awaited" warning
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._reporter, self._finish_async, flight, outcome, buffer)
-
-    def _finish_async(self, flight: Flight, outcome: Outcome, buffer: io.StringIO) -> None:
-        """Record a coroutine job's outcome (in a reporter thread: the loop never waits on storage)."""
-        job = flight.job
-        try:
-            with self._state:
-                owned = self._in_flight.get(job.id) is flight
-                if owned:
-                    del self._in_flight[job.id]
-            if not owned or outcome.ending is Ending.CANCELLED:
-                if not self._stopping.is_set():  # at a stop, stop() says what became of the job
-                    self._say_stopped(job)
-            else:
-                self._report(job, outcome, tail(buffer.getvalue()))
-        finally:
-            self._async_slots.release()
-            with self._state:
-                self._async_busy -= 1
-                self._state.notify_all()
 
     def _give_back(self, job: Job) -> None:
         """A claimed coroutine job that never started goes back to pending, no attempt counted."""
@@ -706,14 +567,14 @@ class Worker:
                         batch.add_done(job, self.manager.completion(job, value, output))
                         return
                     self.manager.complete(job, value, output)  # a coroutine's: at once
-                    self._tally(completed=1)
+                    self.flights.count(completed=1)
                     self._hook(job, "on_complete")
                     return
                 except PayloadError as exc:  # a result that is not JSON never will be
                     value = Unretryable(f"the result cannot be stored: {exc}")
             timed_out = outcome.ending is Ending.TIMED_OUT
             verdict = self.manager.fail(job, value, output, retry=outcome.retry, timed_out=timed_out)
-            self._tally(failed=1)
+            self.flights.count(failed=1)
             log.info("job %d failed (%s): %s", job.id, verdict, _last_line(value))
             if verdict is Verdict.DEAD:
                 self._hook(job, "on_dead")
@@ -724,52 +585,33 @@ class Worker:
 
     # -- heartbeats, recovery, timeouts ------------------------------------------
 
-    def _keeper(self) -> None:
-        chores: list[tuple[float, Callable[[], object]]] = [
-            (self.recover_interval, lambda: self._guard(self._recover)),
-            (self.lease / policy.HEARTBEATS_PER_LEASE, self._beat),
-            (self.cancel_interval, lambda: self._guard(self._watch_cancellations)),
-            (
-                self.periodic_interval,
-                lambda: self._guard(lambda: self.manager.periodic.tick(self._filter().tasks)),
-            ),
-            (self.tidy_interval, lambda: self._guard(self.manager.tidy)),
-            (self.cancel_interval, self._watch_loop),
+    def _keeper(self) -> Keeper:
+        """The keeper: this worker's chores (heartbeats, cancellations, its loop's health) and the
+        queue's housekeeping; between chores it watches batches and timeouts."""
+        own = [
+            Chore("heartbeat", self.lease / policy.HEARTBEATS_PER_LEASE, self._beat),
+            Chore("cancellations", self.cancel_interval, self._watch_cancellations),
+            Chore("event loop", self.cancel_interval, self._coroutines.watch),
         ]
-        if self.retention is not None:
-            chores.append((self.prune_interval, lambda: self._guard(self._prune)))
-        last = [-float("inf")] * len(chores)
-        while not self._stopping.is_set():
-            self._keeper_wake.clear()  # before reading the deadlines: a later wake-up is never lost
-            for index, (every, chore) in enumerate(chores):
-                if time.monotonic() - last[index] >= every:
-                    last[index] = time.monotonic()
-                    chore()
-            due = [at + every for at, (every, _) in zip(last, chores, strict=True)]
-            due += self._settle_overdue()  # and when to look at the batches again
-            if self.mode == "thread":  # a process-mode runner enforces its job's timeout itself
-                self._expire_timeouts()
-                with self._state:  # wake exactly at the next timeout, not on a coarse tick
-                    due += [
-                        f.started + f.job.timeout
-                        for f in self._in_flight.values()
-                        if f.job.timeout is not None
-                    ]
-            self._keeper_wake.wait(max(0.0, min(due) - time.monotonic()))
+        chores = housekeeping(
+            self.manager,
+            self.housekeeping,
+            lambda: self._filter().tasks,
+            lambda job: self._hook(job, "on_dead"),
+            self._stopping,
+        )
+        return Keeper([*own, *chores], self._stopping, self._keeper_wake, self._watch)
 
-    def _watch_loop(self) -> None:
-        if self._loop is not None:
-            self._loop.warn_if_blocked(Worker._run_async.__code__)
-
-    def _recover(self) -> None:
-        for job, verdict in self.manager.lifeline.recover():
-            if verdict is Verdict.DEAD:
-                self._hook(job, "on_dead")
+    def _watch(self) -> list[float]:
+        """Settle overdue batches and stop jobs past their timeout; when to look again."""
+        due = self._settle_overdue()
+        if self.mode == "thread":  # a process-mode runner enforces its job's timeout itself
+            self._expire_timeouts()
+            due += self.flights.deadlines()  # wake exactly at the next timeout, not on a coarse tick
+        return due
 
     def _beat(self) -> None:
-        with self._state:
-            flights = list(self._in_flight.values())
-        for flight in flights:
+        for flight in self.flights.now():
             try:
                 self.manager.heartbeat(flight.job)
             except LeaseLost as exc:  # cancelled, or taken over: tell the handler to stop
@@ -782,8 +624,7 @@ class Worker:
 
     def _watch_cancellations(self) -> None:
         """A running job cancelled with q.cancel() (or taken over): stop its handler, free its slot."""
-        with self._state:
-            flights = {flight.job.id: flight for flight in self._in_flight.values()}
+        flights = {flight.job.id: flight for flight in self.flights.now()}
         for job_id in self.manager.lifeline.lost_claims([flight.job for flight in flights.values()]):
             self._claim_gone(flights[job_id])
 
@@ -797,60 +638,28 @@ class Worker:
         flight.context.cancel.set()
         if self.mode == "process":
             return
-        with self._state:
-            if self._in_flight.get(flight.job.id) is not flight or not self._retire(flight):
-                return
-            if flight.task is not None:  # its slot frees itself when the coroutine unwinds
-                return
-        self._hand_on()
+        # A coroutine's slot frees itself when it unwinds; a thread's place goes to a new runner.
+        if self.flights.retire_if_held(flight) and flight.task is None:
+            self._hand_on()
 
     def _expire_timeouts(self) -> None:
-        now = time.monotonic()
-        late = []
-        with self._state:
-            for flight in list(self._in_flight.values()):
-                timeout = flight.job.timeout
-                if flight.task is not None:  # a coroutine's timeout interrupts it at an await
-                    continue
-                if timeout is not None and now - flight.started >= timeout and self._retire(flight):
-                    late.append(flight)
-        for flight in late:
+        for flight in self.flights.retire_late():  # (a coroutine's timeout interrupts it at an await)
             job = flight.job
             try:
                 verdict = self.manager.fail(job, f"timed out after {job.timeout:g} s", timed_out=True)
-                self._tally(failed=1)
+                self.flights.count(failed=1)
                 if verdict is Verdict.DEAD:
                     self._hook(job, "on_dead")
             except NbqueueError as exc:
                 log.warning("could not fail timed-out job %d: %s", job.id, exc)
             self._hand_on()  # only now: until the failure is committed the worker is not idle
 
-    def _retire(self, flight: Flight) -> bool:
-        """Take a job from its runner (caller holds `_state`): the runner stops counting as
-        this worker's, and its handler is told to stop. False if the runner is already retired."""
-        self._in_flight.pop(flight.job.id, None)
-        flight.context.cancel.set()  # progress() raises Cancelled in a cooperative handler
-        if flight.task is not None:  # a coroutine: cancelled at its next await, no thread to retire
-            flight.task.cancel()
-            return True
-        if flight.runner in self._retired:
-            return False
-        self._retired.add(flight.runner)
-        return True
-
     def _hand_on(self) -> None:
         """A retired runner's place goes to a new runner; only then does it stop counting as busy."""
-        with self._state:
+        with self.flights.lock:
             if not self._stopping.is_set():
                 self._spawn_runner()
-            self._busy -= 1
-            self._state.notify_all()
-
-    def _prune(self) -> None:
-        assert self.retention is not None
-        while not self._stopping.is_set():
-            if self.manager.admin.purge(PRUNED, to_us(self.retention), limit=PRUNE_BATCH) < PRUNE_BATCH:
-                return
+            self.flights.count(busy=-1)
 
     def _hook(self, job: Job, which: str) -> None:
         """Run a task's on_complete / on_dead hook; its errors are logged, never raised."""
@@ -864,37 +673,6 @@ class Worker:
             hook(job if which == "on_complete" else self.manager.get(job.id))
         except Exception:
             log.exception("%s hook of task %s failed for job %d", which, job.task, job.id)
-
-    def _tally(self, completed: int = 0, failed: int = 0) -> None:
-        with self._state:
-            self.completed += completed
-            self.failed += failed
-
-    def _guard(self, action: Callable[[], object]) -> None:
-        try:
-            action()
-        except NbqueueError:
-            log.exception("worker housekeeping failed")
-
-
-def unfit(fn: Any, job: Job) -> Unretryable | None:
-    """If the job's arguments cannot bind to the function, why (no retry can mend that)."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a signature: let the call speak
-        return None
-    try:
-        signature.bind(*job.args, **job.kwargs)
-    except TypeError as exc:
-        return Unretryable(f"the job's arguments do not fit {job.task}{signature}: {exc}")
-    return None
-
-
-def check_arguments(fn: Any, job: Job) -> None:
-    """Before a child process is started for it: a call the function cannot take is Unretryable."""
-    problem = unfit(fn, job)
-    if problem is not None:
-        raise problem
 
 
 def _last_line(error: object) -> str:

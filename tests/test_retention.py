@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 import nbqueue
-from nbqueue import Queue
-from nbqueue import worker as worker_module
+from nbqueue import Queue, keeper
 from tests.helpers import wait_until
 
 
@@ -57,7 +56,7 @@ def test_worker_prunes_old_completed_jobs_in_batches_and_keeps_dead_ones(
     clocked_queue: Queue, clock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # five old jobs take three batches
-    monkeypatch.setattr(worker_module, "PRUNE_BATCH", 2)
+    monkeypatch.setattr(keeper, "PRUNE_BATCH", 2)
     q = clocked_queue
     _finish(q, "completed", 5)
     dead = _finish(q, "dead", 2)

@@ -13,6 +13,7 @@ import pytest
 
 import nbqueue
 from nbqueue import Backoff, Queue, tasks
+from nbqueue.keeper import Housekeeping
 
 
 def test_worker_runs_tasks(queue: Queue) -> None:
@@ -263,18 +264,20 @@ def test_worker_rejects_bad_options(queue: Queue) -> None:
 def test_the_keepers_periods_are_settings_of_the_worker(queue: Queue) -> None:
     """The documented defaults, and a test's own shorter periods (seconds or a timedelta)."""
     worker = queue.worker()
-    assert (worker.cancel_interval, worker.periodic_interval) == (0.5, 1.0)
-    assert (worker.tidy_interval, worker.idle_interval) == (10.0, 0.5)
-    assert [queue.worker(retention=r).prune_interval for r in (5, 100, 3600)] == [1.0, 10.0, 60.0]
+    assert (worker.cancel_interval, worker.idle_interval) == (0.5, 0.5)
+    assert (worker.housekeeping.periodic, worker.housekeeping.tidy) == (1.0, 10.0)
+    assert (worker.housekeeping.recover, queue.worker(lease=1).housekeeping.recover) == (2.0, 0.25)
+    assert [queue.worker(retention=r).housekeeping.prune for r in (5, 100, 3600)] == [1.0, 10.0, 60.0]
     quick = queue.worker(
         cancel_interval=0.05,
         periodic_interval=timedelta(milliseconds=50),
         tidy_interval=1,
         idle_interval=0.01,
         prune_interval=0.05,
+        recover_interval=0.1,
     )
-    assert (quick.cancel_interval, quick.periodic_interval) == (0.05, 0.05)
-    assert (quick.tidy_interval, quick.idle_interval, quick.prune_interval) == (1.0, 0.01, 0.05)
+    assert (quick.cancel_interval, quick.idle_interval) == (0.05, 0.01)
+    assert quick.housekeeping == Housekeeping(recover=0.1, periodic=0.05, tidy=1.0, prune=0.05)
 
 
 EXIT_SCRIPT = """

@@ -11,21 +11,18 @@ worker and the job context all use this door; nothing above it touches storage.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import time
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import dependencies, limits, policy, waiting, workflows
+from . import dependencies, limits, policy, waiting
 from . import payload as payload_json
 from . import tasks as registry
 from .admin import EVERY_STEP, Admin
-from .clock import EPOCH, Clock, from_us, system_clock, to_us, utc_seconds
-from .context import current as current_job
+from .clock import EPOCH, Clock, from_us, system_clock, to_us
 from .errors import (
     DamagedJob,
     InvalidArgument,
@@ -33,6 +30,7 @@ from .errors import (
     LeaseLost,
     NbqueueError,
 )
+from .intake import Intake
 from .jobs import (
     UNFINISHED,
     Job,
@@ -42,13 +40,12 @@ from .jobs import (
     check_claim,
     from_row,
     listed,
-    stored_backoff,
 )
 from .journal import Journal
 from .lifeline import HOST, Lifeline, process_gone, this_host
 from .links import GRAPH_LIMIT, Links
-from .options import JobArgs, JobOptions, check_id, gate, read_stored, stored
-from .payload import call_body, check_output, error_text
+from .options import JobArgs, check_id, read_stored
+from .payload import check_output, error_text
 from .periodic import STORED_PREFIX, Periodic, Periodics
 from .records import AttemptRow, LimitRow
 from .retry import Backoff
@@ -56,13 +53,11 @@ from .storage import (
     ClaimRequest,
     Completion,
     Filter,
-    NewJob,
     Row,
     Storage,
 )
 from .tasks import Task
 from .trust import Trust
-from .workflows import Plan, Workflow
 
 log = logging.getLogger("nbqueue.manager")
 
@@ -104,13 +99,20 @@ class JobManager:
         # When the limits that held the last limited claim back let a job start, by time alone
         # (a rate's next slot, a pause's end): a waiting worker sleeps until then, no longer.
         self._limits_open_at: int | None = None
-        self._default_backoff = payload_json.dumps(self.backoff.to_dict(), "backoff")
-        #: At most this many jobs made inside one job's family (workflows.FAMILY_LIMIT).
-        self.family_limit = workflows.FAMILY_LIMIT
-        #: The periodic schedules (declared here or stored) and their slots.
-        self.periodic = Periodics(storage, self.now, self._new_job)
         #: The jobs linked by `after=`: a job's relatives, a workflow's or a job's graph.
         self.links = Links(storage, lambda job: job.attach(self))
+        #: New jobs: encoded, signed, linked and written (one, many, or a workflow's together).
+        self.intake = Intake(
+            storage,
+            self.trust,
+            self.backoff,
+            self.get_many,
+            lambda job: job.attach(self),
+            self.links.graph,
+            self._limited.clear,  # this process now has limited work: claims weigh limits at once
+        )
+        #: The periodic schedules (declared here or stored) and their slots.
+        self.periodic = Periodics(storage, self.now, self.intake.encode)
         #: What a person does to jobs after the fact: cancel, requeue, replay, delete, purge, approve.
         self.admin = Admin(storage, self.trust, self.get, self.get_many)
         #: What a running job keeps with its claim: its durable steps and its files.
@@ -130,170 +132,11 @@ class JobManager:
         assert moment is not None
         return moment
 
-    # -- producing -------------------------------------------------------------
-
     def enqueue_call(
         self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: JobArgs
     ) -> Job:
-        """Queue `task(*args, **kwargs)` with the task's options, some replaced by `options`."""
-        chosen = task.options.but(options)
-        return self._submit(
-            Plan(task.name, tuple(args), dict(kwargs), None, chosen, task.backoff, task.signed)
-        )
-
-    def enqueue_payload(self, payload: Any, options: JobArgs) -> Job:
-        """Queue a raw JSON payload job."""
-        return self._submit(Plan(None, (), {}, payload, JobOptions.given(options)))
-
-    def _submit(self, plan: Plan) -> Job:
-        """Write one job now, or collect it into the workflow whose block is running."""
-        workflow = workflows.active()
-        if workflow is not None and workflow.owner is self:
-            return workflow.add(plan)  # type: ignore[return-value]  # a Planned stands for the Job
-        plan = self._with_origin(plan)
-        new = self._new_from_plan(plan, {}, None)  # encoded and signed before the write transaction
-        if not plan.parents and plan.origin is None:
-            return self._insert_one(new)
-        [(job_id, _)] = self.storage.insert_linked(1, lambda _i, _ids, _wf: new, None)
-        return self.get(job_id)
-
-    def workflow(self, name: str) -> Workflow:
-        """A workflow: the jobs made in its `with` block are written together when it ends."""
-        return Workflow(workflows.check_name(name), self._submit_workflow, owner=self)
-
-    def _submit_workflow(self, workflow: Workflow) -> tuple[int, list[Job]]:
-        plans = [self._with_origin(plan) for plan in workflow.plans]
-        made_in: list[int] = []
-        # Encoded and signed before the write transaction, all but the jobs whose arguments name
-        # an earlier job of the workflow (result_of): its id is known only once it is written.
-        encoded = [None if plan.placeholders else self._encoded(plan, {}) for plan in plans]
-
-        def make(index: int, ids: list[int], workflow_id: int | None) -> NewJob:
-            if workflow_id is not None and not made_in:
-                made_in.append(workflow_id)
-            written = workflows.WrittenIds(ids)
-            new = encoded[index] or self._encoded(plans[index], written)
-            return self._linked(plans[index], new, written, workflow_id)
-
-        made = self.storage.insert_linked(len(plans), make, workflow.name)
-        return made_in[0], self.get_many([job_id for job_id, _ in made])
-
-    def _with_origin(self, plan: Plan) -> Plan:
-        """A job made inside a running job is keyed by that job and the call: made once per job."""
-        running = current_job()
-        if running is None or plan.origin is not None:
-            return plan
-        origin = workflows.origin_of(running.job.id, plan.task, self._body(plan, {}), running.made)
-        return replace(plan, origin=origin)
-
-    def _body(self, plan: Plan, ids: Mapping[int, int]) -> str:
-        if not plan.placeholders:  # nothing to write as markers (the common case: no walk)
-            return (
-                payload_json.dumps(plan.payload, "payload")
-                if plan.task is None
-                else call_body(plan.args, plan.kwargs)
-            )
-        if plan.task is None:
-            return payload_json.dumps(dependencies.encode(plan.payload, ids), "payload")
-        return call_body(dependencies.encode(list(plan.args), ids), dependencies.encode(plan.kwargs, ids))
-
-    def _new_from_plan(self, plan: Plan, ids: Mapping[int, int], workflow: int | None) -> NewJob:
-        return self._linked(plan, self._encoded(plan, ids), ids, workflow)
-
-    def _encoded(self, plan: Plan, ids: Mapping[int, int]) -> NewJob:
-        """The plan's job encoded (and signed), its arguments' references to the workflow's
-        earlier jobs (`ids`: index -> id) written as their ids."""
-        signed = plan.signed and plan.task is not None
-        return self._new_job(plan.task, self._body(plan, ids), plan.options, plan.backoff, signed)
-
-    def _linked(self, plan: Plan, new: NewJob, ids: Mapping[int, int], workflow: int | None) -> NewJob:
-        """An encoded job with what ties it to others: its parents' ids, origin and workflow."""
-        parents = tuple(dependencies.job_ref(p, ids) for p in plan.parents)
-        if not parents and plan.origin is None and workflow is None:
-            return new
-        when = plan.options.when if parents else None
-        family_limit = self.family_limit if plan.origin is not None else None
-        return replace(
-            new, parents=parents, when=when, origin=plan.origin, workflow=workflow, family_limit=family_limit
-        )
-
-    def enqueue_payloads(self, payloads: Iterable[Any], options: JobArgs) -> list[int]:
-        """Queue many raw payload jobs in one transaction: all are written, or none."""
-        if isinstance(payloads, str | bytes | dict) or not isinstance(payloads, Iterable):
-            raise InvalidArgument("enqueue_many takes an iterable of payloads (for one, use enqueue)")
-        chosen = JobOptions.given(options)
-        if chosen.key is not None:
-            raise InvalidArgument("enqueue_many cannot share one idempotency key among many jobs")
-        template = self._new_job(None, "", chosen, None)  # the options, checked and encoded once
-        news = [
-            template.with_payload(payload_json.dumps(p, f"payloads[{i}]")) for i, p in enumerate(payloads)
-        ]
-        return [job_id for job_id, _, _ in self.storage.insert(news)] if news else []
-
-    def _new_job(
-        self,
-        task: str | None,
-        body: str,
-        options: JobOptions,
-        backoff: Backoff | None,
-        signed: bool = False,
-    ) -> NewJob:
-        policy_text = (
-            self._default_backoff if backoff is None else payload_json.dumps(backoff.to_dict(), "backoff")
-        )
-        held = options.limits or {}
-        if held:
-            self._limited.clear()  # this process now has limited work: claims weigh limits at once
-        new = NewJob(
-            queue=options.queue,
-            task=task,
-            payload=body,
-            priority=options.priority,
-            key=options.key,
-            max_retries=options.max_retries,
-            delay_us=to_us(options.delay or 0.0),
-            run_at_us=None if options.run_at is None else to_us(utc_seconds(options.run_at, "run_at")),
-            timeout=options.timeout,
-            backoff=policy_text,
-            limits=stored(held),
-            gate=gate(held),
-        )
-        if signed:
-            new.signature = self.trust.sign(new)
-        return new
-
-    def _insert_one(self, new: NewJob) -> Job:
-        [(job_id, created, created_at)] = self.storage.insert([new])
-        if not created or created_at is None:  # a held key's job: read it back
-            return self.get(job_id)
-        stamp = from_us(created_at)
-        assert stamp is not None
-        run_at = (
-            from_us(new.run_at_us)
-            if new.run_at_us is not None
-            else stamp + timedelta(microseconds=new.delay_us)
-        )
-        assert run_at is not None
-        return Job(
-            id=job_id,
-            status=State.PENDING,
-            queue=new.queue,
-            task=new.task,
-            payload=json.loads(new.payload),
-            priority=new.priority,
-            key=new.key,
-            retries=0,
-            max_retries=new.max_retries,
-            attempts=0,
-            error=None,
-            run_at=run_at,
-            created_at=stamp,
-            updated_at=stamp,
-            timeout=new.timeout,
-            backoff=stored_backoff(new.backoff),
-            signature=new.signature,
-            limits=json.loads(new.limits) if new.limits else {},
-        ).attach(self)
+        """Queue `task(*args, **kwargs)` (a Producer's verb; the intake makes the job)."""
+        return self.intake.enqueue_call(task, args, kwargs, options)
 
     # -- claims and their outcomes ---------------------------------------------
 

@@ -72,7 +72,7 @@ class Queue(Reads):
         self.target = targets.resolve(target)
         #: The door to storage that the Queue, its workers and the job context share.
         self.manager = JobManager(open_storage(self.target, synchronous=synchronous), clock, backoff)
-        self.manager.family_limit = family_limit
+        self.manager.intake.family_limit = family_limit
 
     @property
     def backoff(self) -> Backoff:
@@ -165,7 +165,7 @@ class Queue(Reads):
             task: Task[Any, Any] = Task(
                 f,
                 task_name,
-                self.manager,
+                self.manager.intake,
                 options,
                 backoff,
                 on_complete=hooks[0],
@@ -218,7 +218,7 @@ class Queue(Reads):
 
         Options: queue, priority, delay or run_at, key, max_retries, timeout.
         """
-        return self.manager.enqueue_payload(payload, options)
+        return self.manager.intake.payload(payload, options)
 
     def enqueue_notebook(
         self,
@@ -242,7 +242,7 @@ class Queue(Reads):
         kernel is killed), max_retries, after, limits, queue, priority, key...
         """
         kwargs = notebooks.job_kwargs(path, parameters, outputs, output_dir)
-        return self.manager.enqueue_call(self._notebook_task(), (), kwargs, options)
+        return self.manager.intake.enqueue_call(self._notebook_task(), (), kwargs, options)
 
     def periodic_notebook(
         self,
@@ -288,16 +288,16 @@ class Queue(Reads):
     def notebook_task(self) -> Task[Any, Any]:
         """Register (again) the opt-in, signed task that runs notebook jobs, for this process's
         workers; executed notebooks go beside this queue's file unless a job names a folder."""
-        return notebooks.notebook_task(self.manager)
+        return notebooks.notebook_task(self.manager.intake)
 
     def cell_task(self, namespace: dict[str, Any] | None = None) -> Task[Any, Any]:
         """Register the opt-in, signed task that runs queued code (``%%enqueue`` cells) in
         `namespace` (a notebook's own; default: a fresh one for each job)."""
-        return cells.register_cell_task(self.manager, namespace)
+        return cells.register_cell_task(self.manager.intake, namespace)
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Unpack[JobArgs]) -> list[int]:
         """Add many raw payload jobs in one transaction: all are written, or none."""
-        return self.manager.enqueue_payloads(payloads, options)
+        return self.manager.intake.many(payloads, options)
 
     # -- consuming -------------------------------------------------------------
 
@@ -413,7 +413,7 @@ class Queue(Reads):
         """`with q.workflow("research") as wf:` the jobs enqueued in the block are collected in
         memory (no write lock while your code runs) and written in one transaction when it ends;
         an exception in the block writes none. Then `wf.id` and `wf.jobs`."""
-        return self.manager.workflow(name)
+        return self.manager.intake.workflow(name)
 
     def replay(self, job: Job | int, from_step: str | None = None) -> Job:
         """Run a job again from one of its steps: that step and every step recorded after it are

@@ -145,8 +145,8 @@ class Worker:
         self.allow = tuple(allow)
         if allow_code:  # queued code: %%enqueue cells and notebook jobs (signed, so only this user's)
             if registry.find(cells.CELL_TASK) is None:
-                cells.register_cell_task(self.manager)
-            notebooks.notebook_task(self.manager, notebook_dir)
+                cells.register_cell_task(self.manager.intake)
+            notebooks.notebook_task(self.manager.intake, notebook_dir)
             self.allow += (cells.CELL_TASK, notebooks.NOTEBOOK_TASK)
         self.worker_id = worker_id or default_worker_id()
         self.housekeeping = Housekeeping.of(

@@ -97,7 +97,8 @@ class Workflow:
 
     name: str
     submit: Callable[[Workflow], tuple[int, list[Job]]] = field(repr=False)
-    owner: object = field(default=None, repr=False)  # the queue's manager: other queues are not collected
+    owner: object = field(default=None, repr=False)  # the queue's intake: other queues are not collected
+    graph: Callable[[Workflow], list[tuple[Job, list[int]]]] | None = field(default=None, repr=False)
     plans: list[Plan] = field(default_factory=list, repr=False)
     id: int | None = None
     jobs: list[Job] = field(default_factory=list, repr=False)
@@ -127,10 +128,9 @@ class Workflow:
 
     def _repr_html_(self) -> str:
         """In a notebook: the workflow's graph as it stands, nodes coloured by state."""
-        graph = getattr(getattr(self.owner, "links", None), "graph", None)  # the manager's room
-        if self.id is None or graph is None:
+        if self.id is None or self.graph is None:
             return html.escape(repr(self))
-        return svg(graph(self), f"workflow {self.name!r} (#{self.id})")
+        return svg(self.graph(self), f"workflow {self.name!r} (#{self.id})")
 
 
 _active: ContextVar[Workflow | None] = ContextVar("nbqueue_workflow", default=None)

@@ -122,7 +122,8 @@ def test_layers(module: str, forbidden: set[str]) -> None:
 # The JobManager and its rooms (each holds the storage the manager hands it): the one door.
 MANAGER = {
     "nbqueue.manager",
-    *("nbqueue.admin", "nbqueue.journal", "nbqueue.periodic", "nbqueue.links", "nbqueue.lifeline"),
+    *("nbqueue.intake", "nbqueue.admin", "nbqueue.journal", "nbqueue.periodic", "nbqueue.links"),
+    "nbqueue.lifeline",
 }
 
 

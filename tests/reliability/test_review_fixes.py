@@ -187,7 +187,7 @@ def test_processes_spelling_one_queue_differently_hear_each_others_wake_ups(
             for _ in range(5):
                 started.clear()
                 sent = time.monotonic()
-                producer.manager.enqueue_call(note, (), {}, {})
+                producer.manager.intake.enqueue_call(note, (), {}, {})
                 wait_until(lambda: started, 5, "the job started")
                 delays.append(started[0] - sent)
                 time.sleep(0.6)

@@ -23,6 +23,7 @@ from . import payload as payload_json
 from . import tasks as registry
 from .admin import EVERY_STEP, Admin
 from .clock import EPOCH, Clock, from_us, system_clock, to_us
+from .context import JobContext
 from .errors import (
     DamagedJob,
     InvalidArgument,
@@ -387,6 +388,17 @@ class JobManager:
     def failures(self, job_ids: Sequence[int]) -> dict[int, int]:
         """Failed attempts (failed, dead, timeout, lost) of each of these jobs that has any."""
         return self.storage.failures(list(job_ids)) if job_ids else {}
+
+    def context_for(self, job: Job) -> JobContext:
+        """What a claimed job reaches while it runs (progress, cancelled, steps, files), each
+        through this claim."""
+        return JobContext(
+            job,
+            functools.partial(self.record_progress, job),
+            still_claimed=lambda: not self.lifeline.lost_claims([job]),
+            steps=self.journal.step_book(job),
+            save_file=functools.partial(self.journal.save_file, job),
+        )
 
     def record_progress(self, job: Job, done: float, total: float | None, message: str) -> bool:
         """Store a running job's progress; False once its claim is gone."""

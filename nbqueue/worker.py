@@ -28,7 +28,7 @@ from .aio import close_ended_runners
 from .batches import Batch
 from .capture import captured, tail
 from .clock import Duration, seconds, to_us
-from .context import JobContext, TimedOut, running
+from .context import TimedOut, running
 from .coroutines import Coroutines
 from .errors import (
     InvalidArgument,
@@ -485,18 +485,7 @@ class Worker:
     def _execute(self, job: Job, batch: Batch) -> None:
         """Run one job and record its outcome (a success goes into the batch, to be written with
         the next claim)."""
-        manager = self.manager
-
-        def report(done: float, total: float | None, message: str) -> bool:
-            return manager.record_progress(job, done, total, message)
-
-        context = JobContext(
-            job,
-            report,
-            still_claimed=lambda: not manager.lifeline.lost_claims([job]),
-            steps=manager.journal.step_book(job),
-            save_file=lambda name, content: manager.journal.save_file(job, name, content),
-        )
+        context = self.manager.context_for(job)
         flight = Flight(job, time.monotonic(), context)
         self.flights.add(flight)
         if job.timeout is not None and self.mode == "thread":

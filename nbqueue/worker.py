@@ -279,9 +279,12 @@ class Worker:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                if self.flights.idle() and not self.manager.due_now(self._filter()):
-                    return
-                self.flights.wait(0.02)
+                # Under the lock: a runner counts itself busy before it claims, so a job is
+                # either seen due here or claimed by a runner seen busy, never neither.
+                with self.flights.lock:
+                    if self.flights.idle() and not self.manager.due_now(self._filter()):
+                        return
+                    self.flights.wait(0.02)
                 self.manager.notify()  # wake an idle thread for the due job
                 if deadline is not None and time.monotonic() > deadline:
                     raise WaitTimeout(f"the worker was still busy after {timeout} s")

@@ -210,6 +210,42 @@ def drain_graph(folder: Path, n: int) -> tuple[float, float]:
     return graph, independent
 
 
+def map_items(folder: Path, n: int) -> tuple[float, float]:
+    """task.map over n items (one transaction), next to a loop of n task.enqueue calls."""
+    q = new_queue(folder)
+    step = q.task(name="bench.map")(noop)
+    looped = rate(n, lambda: [step.enqueue(i) for i in range(n)])
+    mapped = rate(n, lambda: step.map(range(n)))
+    assert q.counts()["pending"] == 2 * n
+    q.close()
+    return mapped, looped
+
+
+def workflow_jobs(folder: Path, n: int) -> tuple[float, float]:
+    """A workflow of n jobs after one root (written in one transaction), next to the same jobs
+    enqueued one by one."""
+    q = new_queue(folder)
+    step = q.task(name="bench.wf")(noop)
+    root = step.enqueue()
+    looped = rate(n, lambda: [step.schedule(args=(i,), after=[root]) for i in range(n)])
+
+    def together() -> None:
+        with q.workflow("wf"):
+            first = step.enqueue()
+            for i in range(n - 1):
+                step.schedule(args=(i,), after=[first])
+
+    written = rate(n, together)
+    q.close()
+    return written, looped
+
+
+def workflow_growth(folder: Path, small: int, large: int) -> float:
+    """How many times longer a workflow of `large` jobs takes to write than one of `small`, per
+    job (1.0: linear; the ids copied per job made it grow with n)."""
+    return workflow_jobs(folder, small)[0] / workflow_jobs(folder, large)[0]
+
+
 # -- the same SQL nbqueue runs, on nbqueue's own schema, without nbqueue's Python ----------
 # These separate what the schema costs (indexes for claims and paging, the counts
 # triggers that keep the board O(1)) from what nbqueue's Python adds on top.
@@ -664,6 +700,20 @@ def main(argv: list[str] | None = None) -> int:
             ),
             ("enqueue_many", "raw executemany", 0.5, lambda: enqueue_many(folder, n * 10), []),
             (
+                "task.map, 10,000 items",
+                "a loop of task.enqueue (nbqueue)",
+                3.0,
+                lambda: map_items(folder, 1_000 if args.quick else 10_000),
+                [],
+            ),
+            (
+                "workflow, 8,000 jobs",
+                "the same jobs enqueued one by one (nbqueue)",
+                1.0,
+                lambda: workflow_jobs(folder, 500 if args.quick else 8_000),
+                [],
+            ),
+            (
                 "enqueue, same SQL",
                 "nbqueue's own INSERT, raw",
                 0.0,
@@ -753,6 +803,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  claims/s at {big:,} vs 1,000: {claim_ratio:.2f}x (target >= 0.8x)")
         print(f"  history() at {big:,} vs 1,000: {hist_ratio:.2f}x the time (target <= 2x)")
         print(f"  board refresh at {big:,} vs 1,000: {board_ratio:.2f}x the time (target <= 2x)", flush=True)
+
+        growth = workflow_growth(folder, 1_000, 2_000 if args.quick else 8_000)
+        report["workflow_growth"] = growth
+        sized = 2_000 if args.quick else 8_000
+        print(f"  workflow write per job, {sized:,} vs 1,000 jobs: {growth:.2f}x the time (target <= 1.5x)")
 
         print("\nwake-up latency, enqueue returned -> handler started:")
         report["wakeup"] = wake = wakeups(folder, 20 if args.quick else 100)

@@ -19,7 +19,7 @@ from . import dependencies, workflows
 from . import payload as payload_json
 from .clock import from_us, to_us, utc_seconds
 from .context import current as current_job
-from .errors import InvalidArgument
+from .errors import InvalidArgument, PayloadError
 from .jobs import Job, State, stored_backoff
 from .options import JobArgs, JobOptions, gate, stored
 from .payload import call_body
@@ -80,6 +80,38 @@ class Intake:
         linked = self._linked(plan, new, {}, None)
         [(job_id, _)] = self.storage.insert_linked(1, lambda _i, _ids, _wf: linked, None)
         return self._read([job_id])[0]
+
+    def enqueue_map(self, task: Task[Any, Any], items: Iterable[Any], options: JobArgs) -> list[Job]:
+        """Queue `task(item)` for each item, in one transaction: all are written, or none."""
+        if isinstance(items, str | bytes | dict) or not isinstance(items, Iterable):
+            raise InvalidArgument(
+                f"map takes an iterable of items (one job each), not {type(items).__name__}"
+            )
+        chosen = task.options.but(options)
+        if chosen.key is not None:
+            raise InvalidArgument("map cannot share one idempotency key among many jobs")
+        plans = [Plan(task.name, (item,), {}, None, chosen, task.backoff, task.signed) for item in items]
+        workflow = workflows.active()
+        if workflow is not None and workflow.owner is self:
+            return [workflow.add(plan) for plan in plans]  # type: ignore[misc]  # Planned for Job
+        linked = chosen.after or (dependencies.any_made() and any(plan.placeholders for plan in plans))
+        if linked or current_job() is not None:  # each linked to its parents, or made once
+            plans = [self._with_origin(plan) for plan in plans]
+            news = [self._linked(plan, self._encoded(plan, {}), {}, None) for plan in plans]
+            made = self.storage.insert_linked(len(news), lambda i, _ids, _wf: news[i], None) if news else []
+            return self._read([job_id for job_id, _ in made])
+        template = self.encode(task.name, "", chosen, task.backoff)  # the options, checked once
+        news = []
+        for i, item in enumerate(plans):
+            try:
+                new = template.with_payload(call_body(item.args, {}))
+            except PayloadError as exc:
+                raise PayloadError(f"map: item {i}: {exc}") from None
+            if task.signed:
+                new.signature = self.trust.sign(new)
+            news.append(new)
+        written = self.storage.insert(news) if news else []
+        return [self._made(new, job_id, at) for new, (job_id, _, at) in zip(news, written, strict=True)]
 
     def many(self, payloads: Iterable[Any], options: JobArgs) -> list[int]:
         """Queue many raw payload jobs in one transaction: all are written, or none."""
@@ -184,6 +216,11 @@ class Intake:
         [(job_id, created, created_at)] = self.storage.insert([new])
         if not created or created_at is None:
             return self._read([job_id])[0]
+        return self._made(new, job_id, created_at)
+
+    def _made(self, new: NewJob, job_id: int, created_at: int | None) -> Job:
+        """The Job a new row became, from what was written (no read back)."""
+        assert created_at is not None
         stamp = from_us(created_at)
         assert stamp is not None
         run_at = (

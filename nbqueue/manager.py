@@ -45,7 +45,7 @@ from .jobs import (
 from .journal import Journal
 from .lifeline import HOST, Lifeline, process_gone, this_host
 from .links import GRAPH_LIMIT, Links
-from .options import JobArgs, check_id, read_stored
+from .options import check_id, read_stored
 from .payload import check_output, error_text
 from .periodic import STORED_PREFIX, Periodic, Periodics
 from .records import AttemptRow, LimitRow
@@ -57,7 +57,6 @@ from .storage import (
     Row,
     Storage,
 )
-from .tasks import Task
 from .trust import Trust
 
 log = logging.getLogger("nbqueue.manager")
@@ -132,12 +131,6 @@ class JobManager:
         moment = from_us(self.now_us())
         assert moment is not None
         return moment
-
-    def enqueue_call(
-        self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: JobArgs
-    ) -> Job:
-        """Queue `task(*args, **kwargs)` (a Producer's verb; the intake makes the job)."""
-        return self.intake.enqueue_call(task, args, kwargs, options)
 
     # -- claims and their outcomes ---------------------------------------------
 

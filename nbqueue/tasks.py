@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, Unpack
 
@@ -30,6 +30,10 @@ class Producer(Protocol):
         self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: JobArgs
     ) -> Job:
         """Queue `task(*args, **kwargs)` with the task's options, some replaced by `options`."""
+        ...
+
+    def enqueue_map(self, task: Task[Any, Any], items: Iterable[Any], options: JobArgs) -> list[Job]:
+        """Queue `task(item)` for each item, in one transaction: all are written, or none."""
         ...
 
 
@@ -88,6 +92,13 @@ class Task(Generic[P, R]):
         if kwargs is not None and not isinstance(kwargs, dict):
             raise InvalidArgument(f"kwargs must be a dict, not {type(kwargs).__name__}")
         return self.producer.enqueue_call(self, tuple(args), kwargs or {}, options)
+
+    def map(self, items: Iterable[Any], **options: Unpack[JobArgs]) -> list[Job]:
+        """Queue one job per item, the item its one argument, in one transaction: all are
+        written, or none (an item JSON cannot hold refuses the call, naming it). Options as for
+        `schedule`, shared by every job (not `key`). Inside a running job its children are
+        made once, like `enqueue`'s; inside a workflow's block they join the workflow."""
+        return self.producer.enqueue_map(self, items, options)
 
     def __repr__(self) -> str:
         return f"<nbqueue task {self.name!r} queue={self.queue!r} max_retries={self.max_retries}>"

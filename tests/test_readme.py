@@ -43,7 +43,7 @@ def test_quickstart_prints_what_it_says(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert lines[0] == "pending"
     assert lines[1] == "{'url': 'https://example.org', 'length': 19}"
-    assert lines[2].startswith("{'pending': 0, 'running': 0, 'completed': 1")
+    assert lines[2].startswith("{'pending': 0, 'running': 0, 'completed': 3")  # the job and the map's two
 
 
 def test_every_cli_command_is_in_the_readme_table() -> None:

@@ -90,28 +90,33 @@ class Intake:
         chosen = task.options.but(options)
         if chosen.key is not None:
             raise InvalidArgument("map cannot share one idempotency key among many jobs")
-        plans = [Plan(task.name, (item,), {}, None, chosen, task.backoff, task.signed) for item in items]
+        values = list(items)
+
+        def planned() -> list[Plan]:
+            return [Plan(task.name, (item,), {}, None, chosen, task.backoff, task.signed) for item in values]
+
         workflow = workflows.active()
         if workflow is not None and workflow.owner is self:
-            return [workflow.add(plan) for plan in plans]  # type: ignore[misc]  # Planned for Job
-        linked = chosen.after or (dependencies.any_made() and any(plan.placeholders for plan in plans))
+            return [workflow.add(plan) for plan in planned()]  # type: ignore[misc]  # Planned for Job
+        linked = chosen.after or (dependencies.any_made() and any(map(dependencies.referenced, values)))
         if linked or current_job() is not None:  # each linked to its parents, or made once
-            plans = [self._with_origin(plan) for plan in plans]
+            plans = [self._with_origin(plan) for plan in planned()]
             news = [self._linked(plan, self._encoded(plan, {}), {}, None) for plan in plans]
             made = self.storage.insert_linked(len(news), lambda i, _ids, _wf: news[i], None) if news else []
             return self._read([job_id for job_id, _ in made])
         template = self.encode(task.name, "", chosen, task.backoff)  # the options, checked once
         news = []
-        for i, item in enumerate(plans):
+        for i, item in enumerate(values):
             try:
-                new = template.with_payload(call_body(item.args, {}))
+                new = template.with_payload(call_body((item,), {}))
             except PayloadError as exc:
                 raise PayloadError(f"map: item {i}: {exc}") from None
             if task.signed:
                 new.signature = self.trust.sign(new)
             news.append(new)
         written = self.storage.insert(news) if news else []
-        return [self._made(new, job_id, at) for new, (job_id, _, at) in zip(news, written, strict=True)]
+        rows = zip(values, news, written, strict=True)
+        return [self._made(new, job_id, at, _call_of(item)) for item, new, (job_id, _, at) in rows]
 
     def many(self, payloads: Iterable[Any], options: JobArgs) -> list[int]:
         """Queue many raw payload jobs in one transaction: all are written, or none."""
@@ -218,8 +223,9 @@ class Intake:
             return self._read([job_id])[0]
         return self._made(new, job_id, created_at)
 
-    def _made(self, new: NewJob, job_id: int, created_at: int | None) -> Job:
-        """The Job a new row became, from what was written (no read back)."""
+    def _made(self, new: NewJob, job_id: int, created_at: int | None, payload: Any = None) -> Job:
+        """The Job a new row became, from what was written (no read back; `payload`, when given,
+        is what its JSON reads back as)."""
         assert created_at is not None
         stamp = from_us(created_at)
         assert stamp is not None
@@ -235,7 +241,7 @@ class Intake:
                 status=State.PENDING,
                 queue=new.queue,
                 task=new.task,
-                payload=json.loads(new.payload),
+                payload=json.loads(new.payload) if payload is None else payload,
                 priority=new.priority,
                 key=new.key,
                 retries=0,
@@ -251,3 +257,12 @@ class Intake:
                 limits=json.loads(new.limits) if new.limits else {},
             )
         )
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _call_of(item: Any) -> dict[str, Any] | None:
+    """A one-argument call's payload as its JSON reads back, for a scalar item (a string, number,
+    bool or None reads back as itself); None: read the JSON."""
+    return {"args": [item], "kwargs": {}} if type(item) in _SCALARS else None

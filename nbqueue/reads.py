@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import frames, waiting
+from . import tasks as registry
 from .errors import InvalidArgument
 from .jobs import Job, State
 from .links import GRAPH_LIMIT
@@ -99,6 +100,11 @@ class Reads:
     def pending_per_task(self, queues: str | Sequence[str] | None = None) -> dict[str | None, int]:
         """How many pending jobs each task has in `queues` (None: all); raw payloads under None."""
         return self.manager.pending_per_task(queue_names(queues))
+
+    def missing_tasks(self, queues: str | Sequence[str] | None = None) -> dict[str, int]:
+        """Pending jobs per task that no task registered in this process runs: they wait for
+        their function (after a kernel restart, define it again; a worker, --import it)."""
+        return registry.missing(self.pending_per_task(queues))
 
     def task_names(self, status: str | Sequence[str], *, signed: bool = False) -> list[str]:
         """The task names that jobs in `status` name (with `signed`, jobs that carry a signature)."""

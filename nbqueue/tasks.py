@@ -178,6 +178,13 @@ def names() -> tuple[str, ...]:
         return tuple(_registry)
 
 
+def missing(pending: dict[str | None, int], runs: Collection[str] | None = None) -> dict[str, int]:
+    """Of the pending jobs per task, those of tasks not registered here (or not among `runs`):
+    jobs that wait for their function (a kernel restarted, a worker without the import)."""
+    known = set(names() if runs is None else runs)
+    return {task: n for task, n in pending.items() if task is not None and task not in known and n}
+
+
 def opt_in_names() -> tuple[str, ...]:
     """The registered tasks that run only where a worker allows them by name."""
     with _registry_lock:

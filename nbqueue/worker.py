@@ -295,7 +295,13 @@ class Worker:
                 self.stop()
 
     def status(self) -> dict[str, Any]:
-        """What the worker is doing: running, in-flight job ids and tallies."""
+        """What the worker is doing: running, in-flight job ids and tallies, and the pending jobs
+        of its queues that it has no task for (`missing_tasks`: task -> jobs)."""
+        try:
+            pending = self.manager.pending_per_task(self.queues)
+            missing = registry.missing(pending, self._filter().tasks)
+        except NbqueueError:  # the storage is away: what the worker itself knows still shows
+            missing = {}
         return {
             "worker_id": self.worker_id,
             "running": self.running,
@@ -306,6 +312,7 @@ class Worker:
             "async_in_flight": self.flights.async_busy,
             "completed": self.completed,
             "failed": self.failed,
+            "missing_tasks": missing,
         }
 
     @property

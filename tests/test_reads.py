@@ -97,3 +97,19 @@ def test_cell_task_runs_queued_code_in_the_namespace_given(queue: Queue) -> None
         worker.run_until_idle()
     assert job.result(timeout=10) == 42
     assert namespace["answer"] == 42
+
+
+def test_missing_tasks_are_pending_jobs_no_task_here_runs(queue: Queue) -> None:
+    @queue.task(name="reads.gone")
+    def gone(n: int) -> int:
+        return n
+
+    gone.map([1, 2])
+    gone.schedule(args=(3,), queue="other")
+    queue.enqueue({"raw": 1})  # a payload job waits for a claim, not for a function
+    assert queue.missing_tasks() == {}
+    nbqueue.tasks.unregister("reads.gone")
+    assert queue.missing_tasks() == {"reads.gone": 3}
+    assert queue.missing_tasks("other") == {"reads.gone": 1}
+    with queue.worker(queues=["other"]) as worker:
+        assert worker.status()["missing_tasks"] == {"reads.gone": 1}

@@ -7,6 +7,7 @@ The only package that imports IPython and ipywidgets, and only when used, so
 from __future__ import annotations
 
 import atexit
+import contextlib
 from typing import Any
 
 from ..errors import MissingDependency
@@ -27,6 +28,7 @@ def load_ipython_extension(ipython: Any) -> None:
     session = Session(ipython)
     _sessions[id(ipython)] = session
     ipython.register_magics(NbqueueMagics(ipython, session))
+    ipython.events.register("post_run_cell", session.after_cell)  # functions defined after %worker start
     atexit.register(session.shutdown)  # kernel shutdown stops the worker cleanly
 
 
@@ -35,6 +37,8 @@ def unload_ipython_extension(ipython: Any) -> None:
     session = _sessions.pop(id(ipython), None)
     if session is not None:
         session.shutdown()
+        with contextlib.suppress(ValueError):
+            ipython.events.unregister("post_run_cell", session.after_cell)
     # Unregister the magics too, so none is left pointing at a stopped session.
     from .magics import NbqueueMagics  # noqa: PLC0415
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import logging
 import os
 import re
 import shlex
@@ -23,6 +24,9 @@ from ..queue import Queue
 from ..targets import ENVIRONMENT
 from ..tasks import Task
 from ..worker import Worker
+from .render import worker_status_html, worker_status_text
+
+log = logging.getLogger("nbqueue.magics")
 
 DEFAULT_FILE = "nbqueue.db"
 MAIN = "__main__."  # the module of what a notebook defines
@@ -58,7 +62,9 @@ class Session:
             return self.queue
         return self.open(os.environ.get(ENVIRONMENT) or DEFAULT_FILE)
 
-    def start_worker(self, concurrency: int, queues: list[str] | None, lease: float) -> Worker:
+    def start_worker(
+        self, concurrency: int, queues: list[str] | None, lease: float, async_concurrency: int = 64
+    ) -> Worker:
         queue = self.current()
         if self.worker is not None and self.worker.running:
             return self.worker
@@ -68,9 +74,20 @@ class Session:
             queues=queues,
             concurrency=concurrency,
             lease=lease,
+            async_concurrency=async_concurrency,
             allow=[cells.CELL_TASK, notebooks.NOTEBOOK_TASK],
         ).start()
         return self.worker
+
+    def after_cell(self, *_: Any) -> None:
+        """After every cell, while the worker runs: a function the cell defined that waiting jobs
+        name is taken up at once (the worker may have started before the cell ran)."""
+        if self.worker is None or self.queue is None or not self.worker.running:
+            return
+        try:
+            self.adopt_functions()
+        except NbqueueError:  # the queue is away: the next cell tries again
+            log.debug("adopting notebook functions failed", exc_info=True)
 
     def adopt_functions(self) -> list[str]:
         """Register notebook functions that unfinished jobs name but this kernel has not seen.
@@ -304,26 +321,29 @@ class NbqueueMagics(Magics):
     @argument("--concurrency", "-c", type=int, default=1, help="jobs at once")
     @argument("--queues", default=None, help="comma-separated queue names (default all)")
     @argument("--lease", type=float, default=60.0, help="claim lease in seconds")
+    @argument("--async-concurrency", type=int, default=64, help="coroutine jobs in flight at once")
     @line_magic("worker")
-    def worker_magic(self, line: str) -> dict[str, Any]:
-        """%worker start [--concurrency N] [--queues a,b] | stop | status."""
+    def worker_magic(self, line: str) -> WorkerStatus:
+        """%worker start [--concurrency N] [--async-concurrency N] [--queues a,b] | stop | status."""
         args = _parse(self.worker_magic, line)
         if args.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
+        if args.async_concurrency < 1:
+            raise UsageError("--async-concurrency must be at least 1")
         if not 0 < args.lease < 10**7:
             raise UsageError("--lease must be a number of seconds above 0")
         queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
         try:
             if args.action == "start":
-                self.session.start_worker(args.concurrency, queues, args.lease)
+                self.session.start_worker(args.concurrency, queues, args.lease, args.async_concurrency)
             elif args.action == "stop":
                 self.session.stop_worker()
         except NbqueueError as exc:
             raise UsageError(str(exc)) from None
         worker = self.session.worker
         if worker is None:
-            return {"running": False}
-        return worker.status()
+            return WorkerStatus({"running": False})
+        return WorkerStatus(worker.status())
 
     @magic_arguments(name="jobs")
     @argument("--status", "-s", default=None, choices=[s.value for s in State])
@@ -428,3 +448,14 @@ class NbqueueMagics(Magics):
             self.session.current().wait([job], progress=False)
             job.refresh()
         return job
+
+
+class WorkerStatus(dict[str, Any]):
+    """What `%worker` returns: the worker's status (a dict), shown as a line a person reads,
+    with a warning for pending jobs this kernel has no function for."""
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(worker_status_text(self))
+
+    def _repr_html_(self) -> str:
+        return worker_status_html(self)

@@ -295,6 +295,62 @@ def or_damage(title: str, line: Callable[[], str]) -> str:
         )
 
 
+def missing_text(missing: dict[str, int]) -> list[str]:
+    """One sentence per task pending jobs wait for: "no task here for 16 pending jobs of
+    slow_work: define it in this notebook" (an imported one: "import pkg.mod")."""
+    said = []
+    for task, n in sorted(missing.items(), key=lambda item: -item[1]):
+        where = shown_task(task)
+        fix = (
+            "define it in this notebook"
+            if task.startswith("__main__.") or "." not in task
+            else (f"import {task.rsplit('.', 1)[0]} here")
+        )
+        said.append(f"no task here for {n:,} pending job{'s' if n != 1 else ''} of {where}: {fix}")
+    return said
+
+
+def missing_line(missing: dict[str, int]) -> str:
+    """The board's warning for pending jobs no task of this kernel runs (empty when none)."""
+    said = missing_text(missing)
+    if not said:
+        return ""
+    return (
+        "<div class='nbqueue-missing' style='color:#b35c00'><b>NO TASK HERE</b>&nbsp; "
+        + " &nbsp;|&nbsp; ".join(html.escape(line) for line in said)
+        + "</div>"
+    )
+
+
+def worker_status_text(status: dict[str, Any]) -> str:
+    """`%worker`'s answer in words: "worker running · 2 threads · in flight #4, #7 · 12 completed,
+    1 failed · queues: all", then a line per task it lacks."""
+    if not status.get("running"):
+        head = "worker stopped"
+    else:
+        flying = status.get("in_flight") or []
+        bits = [
+            "worker running",
+            f"{status.get('concurrency', 1)} thread{'s' if status.get('concurrency', 1) != 1 else ''}",
+            ("in flight " + ", ".join(f"#{i}" for i in flying[:10])) if flying else "idle",
+            f"{status.get('completed', 0)} completed, {status.get('failed', 0)} failed",
+            "queues: " + (", ".join(status["queues"]) if status.get("queues") else "all"),
+        ]
+        if status.get("async_in_flight"):
+            bits.insert(3, f"{status['async_in_flight']} coroutine(s) in flight")
+        head = " · ".join(bits)
+    return "\n".join([head, *missing_text(status.get("missing_tasks") or {})])
+
+
+def worker_status_html(status: dict[str, Any]) -> str:
+    """`worker_status_text` for a notebook: the warnings in the board's colour."""
+    head, *warnings = worker_status_text(status).split("\n")
+    colour = "#198754" if status.get("running") else "#6c757d"
+    lines = [f"<div style='color:{colour}'>{html.escape(head)}</div>"]
+    lines += [f"<div style='color:#b35c00'>{html.escape(w)}</div>" for w in warnings]
+    return "<div class='nbqueue-worker'>" + "".join(lines) + "</div>"
+
+
 SCHEDULES_SHOWN = 5  # the soonest schedules the board names; q.schedules() has them all
 
 

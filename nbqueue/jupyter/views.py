@@ -16,6 +16,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from .. import tasks as registry
 from ..dag import svg
 from ..errors import DamagedJob, NbqueueError
 from ..frames import last_line
@@ -34,6 +35,7 @@ from .render import (
     job_detail,
     jobs_table,
     limits_line,
+    missing_line,
     or_damage,
     outcome_bar,
     pill,
@@ -168,6 +170,8 @@ class JobBoard(_LiveView):
         self.chart = widgets.HTML(layout={"width": "100%"})
         self.limits_html = widgets.HTML()
         self.schedules_html = widgets.HTML()
+        self.missing_html = widgets.HTML()  # pending jobs no task of this kernel runs
+        self._missing_at, self._missing_version = -CHART_EVERY, -1
         small = {"width": "auto"}
         self.status_filter = widgets.Dropdown(
             options=[ALL, *(s.value for s in State)],
@@ -199,6 +203,7 @@ class JobBoard(_LiveView):
             self.counts_html,
             self.outcome,
             self.chart,
+            self.missing_html,
             self.limits_html,
             self.schedules_html,
             widgets.HBox([self.status_filter, self.queue_filter, self.newer, self.page_label, self.older]),
@@ -266,6 +271,7 @@ class JobBoard(_LiveView):
             self.schedules_html.value = or_damage(
                 "SCHEDULES", lambda: schedules_line(self.queue.schedule_rows())
             )
+            self._show_missing(counts["pending"])
             more = counts["running"] - len(running)
             notes = self.queue.what_blocks(rows)
             self.table.value = jobs_table(
@@ -286,6 +292,19 @@ class JobBoard(_LiveView):
             self.newer.disabled = self.page == 0
             self.older.disabled = self.page >= pages - 1
             self._show_detail()
+
+    def _show_missing(self, pending: int) -> None:
+        """Say which pending jobs no task of this kernel runs; read every CHART_EVERY seconds at
+        most (it counts the pending jobs per task), at once when a task was just registered."""
+        version = registry.version()
+        due = time.monotonic() - self._missing_at >= CHART_EVERY or version != self._missing_version
+        if not pending:
+            self.missing_html.value = ""
+        elif due:
+            self._missing_at, self._missing_version = time.monotonic(), version
+            self.missing_html.value = or_damage(
+                "NO TASK HERE", lambda: missing_line(self.queue.missing_tasks())
+            )
 
     def _draw_chart(self) -> None:
         """Redraw the chart now and then, on a thread of its own: it reads an hour of attempts

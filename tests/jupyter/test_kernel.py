@@ -225,3 +225,38 @@ def test_a_new_kernel_gets_the_jobs_of_a_killed_one_back(kernels: Any, tmp_path:
         assert not second.km.is_alive()
     finally:
         second.close()
+
+
+def test_jobs_of_a_restarted_kernel_run_once_their_function_is_defined_again(
+    kernels: Any, tmp_path: Path, db: Any
+) -> None:
+    """The README's layout: `%worker start` in the first cell, the functions below it. After a
+    restart, re-running the cells in order takes the old jobs up: the running worker adopts the
+    function when its cell runs, and until then %worker says which function is missing."""
+    path = tmp_path / "jobs.db"
+    q = db(path)
+    first = kernels()
+    try:
+        first.run(f"%load_ext nbqueue\n%nbqueue {path}")
+        first.run("def slow_work(n):\n    return n * 2\n")
+        for i in range(3):
+            first.run(f"%enqueue slow_work({i})")
+    finally:
+        first.close()
+    assert [j.status for j in q.jobs()] == [State.PENDING] * 3
+
+    second = kernels()
+    try:
+        second.run(f"%load_ext nbqueue\n%nbqueue {path}")
+        started = second.run("%worker start")
+        said = shown(started)
+        assert "no task here for 3 pending jobs of slow_work: define it in this notebook" in said, said
+        time.sleep(0.5)
+        assert [j.status for j in q.jobs()] == [State.PENDING] * 3  # nothing runs them yet
+        second.run("def slow_work(n):\n    return n * 2\n")  # the cell below, run again
+        wait_until(lambda: all(j.finished for j in q.jobs()), 20, "the old jobs ran in the new kernel")
+        assert sorted(j.value for j in q.jobs()) == [0, 2, 4]
+        status = shown(second.run("%worker status"))
+        assert "worker running" in status and "no task here" not in status, status
+    finally:
+        second.close()

@@ -744,3 +744,18 @@ def test_two_lambdas_are_two_tasks(ip: Any) -> None:
         assert (finished(q, a.id).value, finished(q, b.id).value) == (2, -1)
     finally:
         ip.run_line_magic("worker", "stop")
+
+
+def test_worker_magic_reads_as_a_sentence_and_takes_async_concurrency(ip: Any, double: None) -> None:
+    ip.run_line_magic("nbqueue", "a.db")
+    status = ip.run_line_magic("worker", "start --concurrency 2 --async-concurrency 8")
+    assert status["running"] is True and status["concurrency"] == 2  # still the status dict
+    assert nbqueue.jupyter.session(ip).worker.async_concurrency == 8
+    text = ip.display_formatter.format(status)[0]
+    assert text["text/plain"].startswith("worker running · 2 threads · idle · 0 completed, 0 failed")
+    assert "worker running" in status._repr_html_()
+    with pytest.raises(UsageError, match="--async-concurrency must be at least 1"):
+        ip.run_line_magic("worker", "start --async-concurrency 0")
+    ip.run_line_magic("worker", "stop")
+    stopped = ip.display_formatter.format(ip.run_line_magic("worker", "status"))[0]["text/plain"]
+    assert stopped == "worker stopped"

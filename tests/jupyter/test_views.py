@@ -903,3 +903,28 @@ def test_the_detail_pane_reads_a_preview_of_each_step_value(
     assert '{"ünï": "cödé"}' in html.unescape(board.detail.value)
     whole = queue.steps(job)  # on request: each value whole, the damaged one as the text stored
     assert whole.loc[0, "value"] == {"i": 0, "text": big} and whole.loc[2, "value"].endswith("} not json")
+
+
+def test_board_says_which_pending_jobs_no_task_here_runs(queue: Queue, board_of: Any) -> None:
+    """A kernel restarted before its functions were defined again: the board names them, and the
+    line goes as soon as the function is registered."""
+
+    def slow_work(n: int) -> int:
+        return n
+
+    task = queue.task(name="__main__.slow_work")(slow_work)
+    for i in range(16):
+        task.enqueue(i)
+    queue.task(name="reports.build")(slow_work).enqueue(0)
+    nbqueue.tasks.unregister("__main__.slow_work")
+    nbqueue.tasks.unregister("reports.build")
+    board = board_of()
+    said = html.unescape(board.missing_html.value)
+    assert "no task here for 16 pending jobs of slow_work: define it in this notebook" in said, said
+    assert "no task here for 1 pending job of reports.build: import reports here" in said, said
+    assert said.index("slow_work") < said.index("reports.build")  # the most waiting first
+    queue.task(name="__main__.slow_work")(slow_work)
+    queue.task(name="reports.build")(slow_work)
+    board.refresh()  # a registration is seen at once, not at the next 10 s read
+    assert board.missing_html.value == ""
+    assert queue.missing_tasks() == {}

@@ -173,6 +173,9 @@ def parser() -> argparse.ArgumentParser:
     r = cmd["requeue"]
     r.add_argument("ids", nargs="*", type=int, help="job ids")
     r.add_argument("--all-dead", action="store_true", help="every dead job")
+    r.add_argument(
+        "--reload", action="store_true", help="notebook jobs run the notebook file as it is now (fixed)"
+    )
     cmd["cancel"].add_argument("ids", nargs="+", type=int, help="job ids")
     pu = cmd["purge"]
     pu.add_argument(
@@ -192,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = top.parse_args(argv)
     if args.command == "requeue" and bool(args.ids) == bool(args.all_dead):
         top.error("requeue takes job ids or --all-dead (one of the two)")
+    if args.command == "requeue" and args.reload and args.all_dead:
+        top.error("requeue --reload takes the notebook jobs to reload by id, not --all-dead")
     if args.command == "worker" and args.concurrency < 1:
         top.error("--concurrency must be at least 1")
     if args.command == "jobs" and args.limit < 0:
@@ -528,7 +533,7 @@ def _steps(queue: Queue, args: argparse.Namespace) -> int:
 
 
 def _requeue(queue: Queue, args: argparse.Namespace) -> int:
-    n = queue.requeue(None if args.all_dead else args.ids)
+    n = queue.requeue(None if args.all_dead else args.ids, reload=args.reload)
     print(f"requeued {n} job(s)")
     return 0
 

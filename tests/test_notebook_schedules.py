@@ -184,3 +184,22 @@ def test_the_cli_schedules_lists_and_removes_a_notebook_schedule(
     assert main(["schedules", queue_target, "--remove", "daily"]) == 1
     with nbqueue.Queue(queue_target) as q:
         assert sum(q.counts().values()) == 0 and q.manager.storage.schedules() == []
+
+
+def test_the_cli_requeues_a_notebook_job_with_the_current_file(
+    queue: nbqueue.Queue, queue_target: str, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nbqueue.cli import main
+
+    path = write_notebook(tmp_path / "n.ipynb", "raise ValueError('bug')")
+    job = queue.enqueue_notebook(path)
+    queue.cancel(job)
+    write_notebook(path, "print('fixed')")
+    with pytest.raises(SystemExit) as refused:
+        main(["requeue", queue_target, "--all-dead", "--reload"])
+    assert refused.value.code == 2
+    assert main(["requeue", queue_target, str(job.id), "--reload"]) == 0
+    assert "requeued 1 job(s)" in capsys.readouterr().out
+    cells = job.refresh().kwargs["notebook"]["cells"]
+    assert "".join(cells[-1]["source"]) == "print('fixed')"
+    assert job.status is nbqueue.State.PENDING

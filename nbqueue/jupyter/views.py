@@ -21,6 +21,7 @@ from ..dag import svg
 from ..errors import DamagedJob, NbqueueError
 from ..frames import last_line
 from ..jobs import Job, State, shown_task
+from ..notebooks import NOTEBOOK_TASK
 from ..queue import Queue
 from ..workflows import Planned, Workflow
 from .render import (
@@ -196,6 +197,10 @@ class JobBoard(_LiveView):
         self.requeue_button = widgets.Button(
             description="Requeue job", icon="redo", disabled=True, layout=small
         )
+        # A notebook job fixed in its file: requeue it to run the file as it is now.
+        self.reload_button = widgets.Button(
+            description="Requeue with current file", icon="file", layout={"width": "auto", "display": "none"}
+        )
         self.message = widgets.HTML()
         self.detail = widgets.HTML(layout={"width": "100%"})
         self.children = [
@@ -208,7 +213,7 @@ class JobBoard(_LiveView):
             self.schedules_html,
             widgets.HBox([self.status_filter, self.queue_filter, self.newer, self.page_label, self.older]),
             self.table,
-            widgets.HBox([self.cancel_button, self.requeue_button, self.message]),
+            widgets.HBox([self.cancel_button, self.requeue_button, self.reload_button, self.message]),
             self.detail,
         ]
         self.layout.width = "100%"
@@ -219,6 +224,7 @@ class JobBoard(_LiveView):
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.cancel_button.on_click(lambda _b: self._act("cancel"))
         self.requeue_button.on_click(lambda _b: self._act("requeue"))
+        self.reload_button.on_click(lambda _b: self._act("reload"))
         self.newer.on_click(lambda _b: self._turn(-1))
         self.older.on_click(lambda _b: self._turn(+1))
         self.refresh()
@@ -358,6 +364,8 @@ class JobBoard(_LiveView):
             job = None
         self.cancel_button.disabled = job is None or job.finished
         self.requeue_button.disabled = job is None or job.status not in (State.DEAD, State.CANCELLED)
+        reloadable = not self.requeue_button.disabled and job is not None and job.task == NOTEBOOK_TASK
+        self.reload_button.layout.display = None if reloadable else "none"
         if job is None:
             self.detail.value = job_detail(None)
             return
@@ -378,8 +386,10 @@ class JobBoard(_LiveView):
                     self.queue.cancel(job_id)
                     text = f"cancelled job {job_id}"
                 else:
-                    self.queue.requeue([job_id])
-                    text = f"requeued job {job_id}"
+                    self.queue.requeue([job_id], reload=action == "reload")
+                    text = f"requeued job {job_id}" + (
+                        " with the notebook file as it is now" if action == "reload" else ""
+                    )
                 self.message.value = f"<span class='nbqueue-message'>{html.escape(text)}</span>"
             except NbqueueError as exc:
                 self.message.value = f"<span style='color:#dc3545'>{html.escape(str(exc))}</span>"
@@ -451,6 +461,11 @@ class DeadLetterView(_LiveView):
             description="Requeue selected", button_style="primary", layout=small
         )
         self.requeue_all = widgets.Button(description="Requeue all", button_style="warning", layout=small)
+        self.reload_selected = widgets.Button(  # shown when a chosen job is a notebook job
+            description="Requeue with current file",
+            button_style="primary",
+            layout={"width": "auto", "display": "none"},
+        )
         self.delete_selected = widgets.Button(
             description="Delete selected", button_style="danger", layout=small
         )
@@ -470,6 +485,7 @@ class DeadLetterView(_LiveView):
             widgets.HBox(
                 [
                     self.requeue_selected,
+                    self.reload_selected,
                     self.delete_selected,
                     self.requeue_all,
                     self.refresh_button,
@@ -485,6 +501,7 @@ class DeadLetterView(_LiveView):
         self.add_class("nbqueue-deadletters")
         self.requeue_selected.on_click(lambda _b: self._act("requeue", list(self.select.value)))
         self.requeue_all.on_click(lambda _b: self._act("requeue", None))
+        self.reload_selected.on_click(lambda _b: self._act("reload", list(self.select.value)))
         self.delete_selected.on_click(lambda _b: self._act("delete", list(self.select.value)))
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.newer.on_click(lambda _b: self._turn(-1))
@@ -572,6 +589,8 @@ class DeadLetterView(_LiveView):
         chosen = list(self.select.value)
         for button in (self.requeue_selected, self.delete_selected):
             button.disabled = not chosen
+        notebook_jobs = {j.id for j in self.jobs if j.task == NOTEBOOK_TASK}
+        self.reload_selected.layout.display = None if notebook_jobs & set(chosen) else "none"
         listed = next((j for j in self.jobs if chosen and j.id == chosen[0]), None)
         key = (None, None) if listed is None else (listed.id, listed.updated_at)
         if key == self._detail_key:  # unchanged: the whole job is read only when it changes
@@ -600,8 +619,9 @@ class DeadLetterView(_LiveView):
                     text = f"requeued {n} job(s)"
                 elif not ids:
                     text = "select jobs first"
-                elif action == "requeue":
-                    text = f"requeued {self.queue.requeue(ids)} job(s)"
+                elif action in ("requeue", "reload"):
+                    n = self.queue.requeue(ids, reload=action == "reload")
+                    text = f"requeued {n} job(s)" + (" with the current files" if action == "reload" else "")
                 else:
                     text = f"deleted {self.queue.delete(ids)} job(s)"
                 self.message.value = f"<span class='nbqueue-message'>{html.escape(text)}</span>"

@@ -928,3 +928,40 @@ def test_board_says_which_pending_jobs_no_task_here_runs(queue: Queue, board_of:
     board.refresh()  # a registration is seen at once, not at the next 10 s read
     assert board.missing_html.value == ""
     assert queue.missing_tasks() == {}
+
+
+def test_a_notebook_job_is_requeued_with_its_current_file_from_the_board_and_dead_letters(
+    queue: Queue, board_of: Any, dead_view_of: Any, tmp_path: Path
+) -> None:
+    path = write_notebook(tmp_path / "n.ipynb", "raise ValueError('bug')")
+    first = queue.enqueue_notebook(path)
+    plain = queue.enqueue({"n": 1})
+    second = queue.enqueue_notebook(path, max_retries=0)
+    for job in (first, plain):
+        queue.cancel(job)
+    claimed = queue.claim()
+    assert claimed is not None and claimed.id == second.id
+    assert queue.fail(claimed, "cell 1 raised ValueError: bug") == "dead"
+    write_notebook(path, "print('fixed')")
+
+    def last_cell(job: Job) -> str:
+        return "".join(queue.get(job.id).kwargs["notebook"]["cells"][-1]["source"])
+
+    board = board_of()
+    board.table.selected = plain.id
+    board.refresh()
+    assert board.reload_button.layout.display == "none"  # not a notebook job
+    board.table.selected = first.id
+    board.refresh()
+    assert board.reload_button.layout.display is None
+    board.reload_button.click()
+    assert queue.get(first.id).status is State.PENDING and last_cell(first) == "print('fixed')"
+    assert "with the notebook file as it is now" in board.message.value
+
+    view = dead_view_of()
+    assert view.reload_selected.layout.display == "none"  # nothing chosen yet
+    view.select.value = (second.id,)
+    assert view.reload_selected.layout.display is None
+    view.reload_selected.click()
+    assert queue.get(second.id).status is State.PENDING and last_cell(second) == "print('fixed')"
+    assert "with the current files" in view.message.value

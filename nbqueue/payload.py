@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import InvalidArgument, PayloadError
+from .tracebacks import named
 
 MAX_BYTES = 16 * 1024 * 1024  # a queue row, not a blob store: pass big data by path or URL
 MAX_TEXT = 64 * 1024  # an error or a job's output as stored: its head and its tail
@@ -130,7 +131,7 @@ def check_output(output: object) -> str | None:
 def error_text(error: str | BaseException) -> str:
     """An error as stored: an exception's whole traceback, or the text given."""
     if isinstance(error, BaseException):
-        text = "".join(traceback.format_exception(error)).rstrip()
+        text = named("".join(traceback.format_exception(error))).rstrip()
         if isinstance(error, BaseExceptionGroup):  # its traceback ends in frame art, not a message
             text += "\n" + group_line(error)
         return text

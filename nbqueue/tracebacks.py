@@ -9,10 +9,44 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 _OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line \d+')
+_FRAME = re.compile(r'^  (?:File "(?P<file>[^"]+)"|Cell In\[\d+\]), line \d+')
+_FILE = re.compile(r'^  File "(?P<file>[^"]+)", line', re.M)
 _START = "Traceback (most recent call last):"
+
+# What names a source file the way a person knows it: the notebook extension adds one that calls
+# a kernel's cell file (/tmp/ipykernel_…/3459433877.py) "Cell In[17]", as IPython's own
+# tracebacks do. Each returns None for a file it does not know.
+_namers: list[Callable[[str], str | None]] = []
+
+
+def name_files(namer: Callable[[str], str | None]) -> None:
+    """Use `namer` for the frames of the tracebacks recorded from now on (once per namer)."""
+    if namer not in _namers:
+        _namers.append(namer)
+
+
+def forget_namer(namer: Callable[[str], str | None]) -> None:
+    if namer in _namers:
+        _namers.remove(namer)
+
+
+def named(text: str) -> str:
+    """The traceback `text` with each frame's file as its namer names it:
+    `File "/tmp/ipykernel_9/3459433877.py", line 3, in f` -> `Cell In[17], line 3, in f`."""
+    if not _namers:
+        return text
+
+    def rename(found: re.Match[str]) -> str:
+        for namer in list(_namers):
+            name = namer(found["file"])
+            if name:
+                return f"  {name}, line"
+        return found[0]
+
+    return _FILE.sub(rename, text)
 
 
 def user_first(text: str) -> str:
@@ -48,4 +82,6 @@ def user_first(text: str) -> str:
 
 def _is_ours(line: str) -> bool:
     found = _FRAME.match(line)
-    return found is not None and os.path.abspath(found["file"]).startswith(_OURS)
+    return (
+        found is not None and found["file"] is not None and os.path.abspath(found["file"]).startswith(_OURS)
+    )

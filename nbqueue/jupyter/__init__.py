@@ -10,6 +10,7 @@ import atexit
 import contextlib
 from typing import Any
 
+from .. import tracebacks
 from ..errors import MissingDependency
 
 _sessions: dict[int, Any] = {}  # id(shell) -> Session: loading twice must not start twice
@@ -29,6 +30,7 @@ def load_ipython_extension(ipython: Any) -> None:
     _sessions[id(ipython)] = session
     ipython.register_magics(NbqueueMagics(ipython, session))
     ipython.events.register("post_run_cell", session.after_cell)  # functions defined after %worker start
+    tracebacks.name_files(session.cell_name)  # a job's traceback says "Cell In[17]", as IPython does
     atexit.register(session.shutdown)  # kernel shutdown stops the worker cleanly
 
 
@@ -39,6 +41,7 @@ def unload_ipython_extension(ipython: Any) -> None:
         session.shutdown()
         with contextlib.suppress(ValueError):
             ipython.events.unregister("post_run_cell", session.after_cell)
+        tracebacks.forget_namer(session.cell_name)
     # Unregister the magics too, so none is left pointing at a stopped session.
     from .magics import NbqueueMagics  # noqa: PLC0415
 

@@ -79,6 +79,11 @@ class Session:
         ).start()
         return self.worker
 
+    def cell_name(self, filename: str) -> str | None:
+        """A cell's source file as IPython names it in tracebacks ("Cell In[17]"), else None."""
+        found = self.shell.compile.format_code_name(filename)
+        return f"{found[0]} {found[1]}" if found else None
+
     def after_cell(self, *_: Any) -> None:
         """After every cell, while the worker runs: a function the cell defined that waiting jobs
         name is taken up at once (the worker may have started before the cell ran)."""

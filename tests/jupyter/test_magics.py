@@ -26,6 +26,7 @@ import nbqueue
 from nbqueue import Job, Queue, State, tasks
 from nbqueue.cells import CELL_TASK
 from nbqueue.jupyter.views import DeadLetterView, JobBoard
+from nbqueue.tracebacks import user_first
 from tests import templates
 from tests.helpers import wait_until
 
@@ -759,3 +760,19 @@ def test_worker_magic_reads_as_a_sentence_and_takes_async_concurrency(ip: Any, d
     ip.run_line_magic("worker", "stop")
     stopped = ip.display_formatter.format(ip.run_line_magic("worker", "status"))[0]["text/plain"]
     assert stopped == "worker stopped"
+
+
+def test_a_job_s_traceback_names_the_cell_as_ipython_does(ip: Any) -> None:
+    """Not the kernel's temporary file (ipykernel_…/3459433877.py): "Cell In[n]", as the cell's
+    own traceback would, with the user's frames first."""
+    q = ip.run_line_magic("nbqueue", "cells.db")
+    run(ip, "def broken(x):\n    return 1 / x")
+    job = ip.run_line_magic("enqueue", "--retries 0 broken(0)")
+    ip.run_line_magic("worker", "start")
+    wait_until(lambda: q.get(job.id).finished, 10, "the job dead")
+    error = q.get(job.id).error or ""
+    assert re.search(r"^  Cell In\[\d+\], line 2, in broken$", error, re.M), error
+    assert '.py", line 2, in broken' not in error
+    shown = user_first(error)  # as the board shows it: the cell's frame first
+    assert shown.splitlines()[1].startswith("  Cell In["), shown
+    assert error.rstrip().endswith("ZeroDivisionError: division by zero")

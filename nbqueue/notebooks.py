@@ -68,6 +68,10 @@ class NotebookError(InvalidArgument):
 class CellFailed(NbqueueError):
     """A cell of a notebook job raised; the message names the cell, the exception and its traceback."""
 
+    #: The job's error is this message alone: the kernel's traceback is the one that matters, not
+    #: the worker's frames that started the notebook.
+    told_in_full = True
+
 
 def output(name: str, value: Any) -> None:
     """Inside a notebook run as a job: put a named JSON value into the job's result.
@@ -309,8 +313,12 @@ def _failure(error_file: Path, code: int, told: str, target: Path) -> BaseExcept
         return kind(f"the notebook could not run: {error['message']}")
     where = "the injected parameters" if error["cell"] is None else f"cell {error['cell']}"
     trace = _ANSI.sub("", "\n".join(error.get("traceback") or [])).strip()
+    shown_as = ""
+    if error.get("count") is not None:  # one name for the cell: IPython's "Cell In[4]" is ours
+        trace = trace.replace(f"Cell In[{error['count']}]", where)
+        shown_as = f" ({where}, shown as [{error['count']}] in the executed notebook)"
     return CellFailed(
-        f"the kernel's traceback:\n{trace}\n\n{PARTIAL}{target}\n"
+        f"the kernel's traceback{shown_as}:\n{trace}\n\n{PARTIAL}{target}\n"
         f"{where} raised {error['ename']}: {error['evalue']}"
     )
 
@@ -329,6 +337,20 @@ def failed_cell(job: Job) -> int | None:
     """The index of the cell whose error failed a notebook job's last run, if a cell did."""
     found = re.match(r"cell (\d+) raised ", ((job.error or "").strip().splitlines() or [""])[-1])
     return int(found.group(1)) if found and job.task == NOTEBOOK_TASK else None
+
+
+def failed_cell_shown(job: Job) -> tuple[int | None, str]:
+    """How the executed notebook shows the failed cell: its execution count ([4] in Lab) and its
+    first line, from the notebook the job ran; (None, "") where they are not known."""
+    index = failed_cell(job)
+    if index is None:
+        return None, ""
+    found = re.search(r"shown as \[(\d+)\] in the executed notebook", job.error or "")
+    cells = (job.kwargs.get("notebook") or {}).get("cells") or []
+    source = cells[index].get("source", "") if index < len(cells) else ""
+    text = "".join(source) if isinstance(source, list) else str(source)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return (int(found.group(1)) if found else None), first
 
 
 def collect(path: Path) -> dict[str, Any]:
@@ -386,8 +408,14 @@ def _main(spec_path: str) -> int:
             kernel_manager_class=ReportingKernelManager,
         )
     except papermill.PapermillExecutionError as exc:
-        failed = _failed_cell(spec["output"], ids)
-        error = {"cell": failed, "ename": exc.ename, "evalue": exc.evalue, "traceback": exc.traceback}
+        failed, count = _failed_cell(spec["output"], ids)
+        error = {
+            "cell": failed,
+            "count": count,
+            "ename": exc.ename,
+            "evalue": exc.evalue,
+            "traceback": exc.traceback,
+        }
         Path(spec["error"]).write_text(json.dumps(error), encoding="utf-8")
         status = 1
     except NoSuchKernel as exc:  # no retry can mend it: dead at once, requeued once it is installed
@@ -406,13 +434,15 @@ def _main(spec_path: str) -> int:
     return status
 
 
-def _failed_cell(output: str, ids: list[str | None]) -> int | None:
-    """The index, in the input notebook, of the cell whose error the executed notebook shows."""
+def _failed_cell(output: str, ids: list[str | None]) -> tuple[int | None, int | None]:
+    """The index, in the input notebook, of the cell whose error the executed notebook shows, and
+    its execution count (what the kernel's traceback calls it: "Cell In[4]")."""
     notebook = json.loads(Path(output).read_text(encoding="utf-8"))
     for cell in notebook["cells"]:
         if any(shown.get("output_type") == "error" for shown in cell.get("outputs", [])):
-            return ids.index(cell.get("id")) if cell.get("id") in ids else None
-    return None
+            index = ids.index(cell.get("id")) if cell.get("id") in ids else None
+            return index, cell.get("execution_count")
+    return None, None
 
 
 if __name__ == "__main__":

@@ -131,6 +131,8 @@ def check_output(output: object) -> str | None:
 def error_text(error: str | BaseException) -> str:
     """An error as stored: an exception's whole traceback, or the text given."""
     if isinstance(error, BaseException):
+        if getattr(type(error), "told_in_full", False):  # its message carries the traceback that matters
+            return str(error)
         text = named("".join(traceback.format_exception(error))).rstrip()
         if isinstance(error, BaseExceptionGroup):  # its traceback ends in frame art, not a message
             text += "\n" + group_line(error)

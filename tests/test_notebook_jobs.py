@@ -152,6 +152,10 @@ def test_a_failing_cell_is_named_by_its_index_and_the_partial_notebook_is_kept(
     assert "cell 2 raised ValueError: no data for mars" in job.error  # counted in the input, from 0
     assert "Traceback" in job.error or "ValueError" in job.error.splitlines()[-1]
     assert "\x1b[" not in job.error  # the kernel's colours are stripped
+    # One name for the cell, and the kernel's traceback first: no "Cell In[4]", no worker frames.
+    assert job.error.startswith("the kernel's traceback (cell 2, shown as ["), job.error
+    assert "\ncell 2, line 1\n" in job.error and "Cell In[" not in job.error
+    assert "nbqueue/worker.py" not in job.error and "CellFailed" not in job.error
     partial = job.notebook()
     assert partial is not None
     ran = {cell.source: cell.execution_count for cell in partial.cells if cell.cell_type == "code"}
@@ -161,6 +165,8 @@ def test_a_failing_cell_is_named_by_its_index_and_the_partial_notebook_is_kept(
     monkeypatch.chdir(tmp_path)
     line = render.notebook_line(job)
     assert f"href='out/fails-{job.id}.ipynb'" in line and "failed at cell 2" in line
+    count = next(c.execution_count for c in partial.cells if c.source.startswith("raise ValueError"))
+    assert f"failed at cell 2 [{count}]</span> <code>raise ValueError(f&#x27;no data for {{region}}&#x27;)</code>" in line
 
 
 @pytest.mark.slow

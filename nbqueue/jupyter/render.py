@@ -414,8 +414,13 @@ def notebook_line(job: Job) -> str:
         else f"<code>{html.escape(path)}</code>"
     )
     cell = notebooks.failed_cell(job)
+    count, first = notebooks.failed_cell_shown(job)
+    shown_as = f" [{count}]" if count is not None else ""
+    code = f" <code>{html.escape(first[:80])}</code>" if first else ""
     failed = (
-        "" if cell is None else f" · <span style='color:{COLOURS[State.DEAD]}'>failed at cell {cell}</span>"
+        ""
+        if cell is None
+        else f" · <span style='color:{COLOURS[State.DEAD]}'>failed at cell {cell}{shown_as}</span>{code}"
     )
     return f"<div class='nbqueue-notebook'><b>executed notebook</b> {link}{failed}</div>"
 

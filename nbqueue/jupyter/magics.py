@@ -40,6 +40,7 @@ class Session:
     queue: Queue | None = None
     worker: Worker | None = None
     views: list[Any] = field(default_factory=list)
+    _functions_seen: dict[str, int] = field(default_factory=dict)  # the functions after_cell last saw
 
     def open(self, path: str) -> Queue:
         """Open (or create) the notebook's queue; the worker follows it."""
@@ -86,9 +87,14 @@ class Session:
 
     def after_cell(self, *_: Any) -> None:
         """After every cell, while the worker runs: a function the cell defined that waiting jobs
-        name is taken up at once (the worker may have started before the cell ran)."""
+        name is taken up at once (the worker may have started before the cell ran). A cell that
+        defined no function costs no query."""
         if self.worker is None or self.queue is None or not self.worker.running:
             return
+        defined = {name: id(v) for name, v in self.shell.user_ns.items() if inspect.isfunction(v)}
+        if defined.items() <= self._functions_seen.items():
+            return
+        self._functions_seen = defined
         try:
             self.adopt_functions()
         except NbqueueError:  # the queue is away: the next cell tries again

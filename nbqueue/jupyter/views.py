@@ -172,7 +172,7 @@ class JobBoard(_LiveView):
         self.limits_html = widgets.HTML()
         self.schedules_html = widgets.HTML()
         self.missing_html = widgets.HTML()  # pending jobs no task of this kernel runs
-        self._missing_at, self._missing_version = -CHART_EVERY, -1
+        self._missing_at, self._missing_version, self._missing_took = -CHART_EVERY, -1, 0.0
         small = {"width": "auto"}
         self.status_filter = widgets.Dropdown(
             options=[ALL, *(s.value for s in State)],
@@ -277,7 +277,7 @@ class JobBoard(_LiveView):
             self.schedules_html.value = or_damage(
                 "SCHEDULES", lambda: schedules_line(self.queue.schedule_rows())
             )
-            self._show_missing(counts["pending"])
+            self._show_missing(counts["pending"], counts["running"])
             more = counts["running"] - len(running)
             notes = self.queue.what_blocks(rows)
             self.table.value = jobs_table(
@@ -299,18 +299,23 @@ class JobBoard(_LiveView):
             self.older.disabled = self.page >= pages - 1
             self._show_detail()
 
-    def _show_missing(self, pending: int) -> None:
-        """Say which pending jobs no task of this kernel runs; read every CHART_EVERY seconds at
-        most (it counts the pending jobs per task), at once when a task was just registered."""
+    def _show_missing(self, pending: int, running: int) -> None:
+        """Say which pending jobs no task of this kernel runs. It counts the pending jobs per task
+        (0.15 s at 300,000 of them), so it is read at once when a task was registered here, and
+        otherwise only while nothing runs (the queue looks stuck), at most every CHART_EVERY
+        seconds or fifty times the last read's time."""
         version = registry.version()
-        due = time.monotonic() - self._missing_at >= CHART_EVERY or version != self._missing_version
+        every = max(CHART_EVERY, 50 * self._missing_took)
+        stuck = not running and time.monotonic() - self._missing_at >= every
         if not pending:
             self.missing_html.value = ""
-        elif due:
-            self._missing_at, self._missing_version = time.monotonic(), version
+        elif stuck or version != self._missing_version:
+            started = time.monotonic()
             self.missing_html.value = or_damage(
                 "NO TASK HERE", lambda: missing_line(self.queue.missing_tasks())
             )
+            self._missing_at, self._missing_version = time.monotonic(), version
+            self._missing_took = self._missing_at - started
 
     def _draw_chart(self) -> None:
         """Redraw the chart now and then, on a thread of its own: it reads an hour of attempts

@@ -37,7 +37,7 @@ def test_a_stored_notebook_schedule_is_kept_by_other_processes_once_per_slot_acr
     declarer.close()
     path.unlink()  # pinned: the file is not needed any more
     queues = [make_queue(clock=clock) for _ in range(3)]
-    notebooks.notebook_task(queues[0].manager)  # what Worker(allow_code=True) registers
+    queues[0].notebook_task()  # what Worker(allow_code=True) registers
     for _ in range(3 * 24 * 6):
         for result in tick_together(queues, NOTEBOOK):
             assert result in ([], ["schedule:nightly"])
@@ -61,7 +61,7 @@ def test_a_schedule_row_not_signed_by_this_user_is_not_run(
 ) -> None:
     clock = nbqueue.ManualClock()
     q = make_queue(clock=clock)
-    notebooks.notebook_task(q.manager)
+    q.notebook_task()
     body = '{"args": [], "kwargs": {"notebook": {}, "parameters": {}}}'
     forged = StoredSchedule("forged", notebooks.NOTEBOOK_TASK, body, '{"every": 60}', "{}", "0" * 64)
     q.manager.storage.save_schedule(forged)

@@ -21,7 +21,7 @@ import pytest
 
 import nbqueue
 from nbqueue import Queue
-from nbqueue.cells import CELL_TASK, register_cell_task
+from nbqueue.cells import CELL_TASK
 from tests.helpers import run_cli
 
 PACKAGE = Path(nbqueue.__file__).parent
@@ -240,7 +240,7 @@ def test_backends_never_edit_statement_text() -> None:
 
 def code_job(q: Queue, sentinel: Path) -> nbqueue.Job:
     """The job %%enqueue writes: task nbqueue.cell, the cell's source as its argument."""
-    task = register_cell_task(q.manager)
+    task = q.cell_task()
     return task.schedule(
         (f"import pathlib\npathlib.Path({str(sentinel)!r}).write_text('ran')\n6 * 7", "cell")
     )

@@ -24,7 +24,7 @@ import pytest
 
 import nbqueue
 from nbqueue import Queue, signing
-from nbqueue.cells import CELL_TASK, register_cell_task
+from nbqueue.cells import CELL_TASK
 from nbqueue.trust import covered
 from tests.helpers import MakeQueue
 
@@ -138,7 +138,7 @@ def test_the_same_user_in_another_process_is_trusted_and_approve_signs_a_job(
 def test_a_forged_or_altered_row_never_runs(queue_target: str, make_queue: MakeQueue, tmp_path: Path) -> None:
     """Rows written by hand: a code job with a made-up signature, a signed job whose payload changed."""
     q = make_queue()
-    cell = register_cell_task(q.manager)
+    cell = q.cell_task()
     sentinel = tmp_path / "forged"
     code = f"import pathlib\npathlib.Path({str(sentinel)!r}).write_text('ran')"
     forged = cell.schedule((code, "forged"))

@@ -17,6 +17,7 @@ from ..dag import COLOURS, short
 from ..frames import last_line
 from ..jobs import FINISHED, Job, State, attempt_text, shown_task
 from ..tracebacks import user_first
+from .lab import open_in_lab
 
 STEP_PREVIEW = 120  # characters of a step's value the detail pane reads and shows
 
@@ -397,10 +398,11 @@ def step_value(preview: str) -> str:
         return preview
 
 
-def notebook_line(job: Job) -> str:
-    """A notebook job's executed notebook as a link (JupyterLab opens a relative link in a tab,
-    so the path is made relative to this kernel's folder when it lies below it) and the cell
-    that failed."""
+def notebook_line(job: Job, lab_root: str | None = None) -> str:
+    """A notebook job's executed notebook as a link, and the cell that failed. Under a Jupyter
+    server (`lab_root`, its root folder) a click opens it as a tab of the same Lab with no
+    kernel (nbqueue.jupyter.lab); the href, relative to this kernel's folder when it lies below
+    it, serves other front ends."""
     path = notebooks.executed_path(job)
     if path is None:
         return ""
@@ -408,9 +410,17 @@ def notebook_line(job: Job) -> str:
     # no "javascript:" or "http:" a row may hold reaches the href as a scheme.
     relative = os.path.relpath(path) if os.path.isfile(path) else os.pardir
     shown = html.escape(os.path.basename(path))
+    opens = open_in_lab(path, lab_root) if os.path.isfile(path) else None
+    command = (
+        ""
+        if opens is None
+        else " data-commandlinker-command='docmanager:open' "
+        f"data-commandlinker-args='{html.escape(json.dumps(opens), quote=True)}'"
+    )
     link = (
-        f"<a href='{html.escape(quote(relative))}' target='_blank' title='{html.escape(path)}'>{shown}</a>"
-        if not relative.startswith("..")
+        f"<a href='{html.escape(quote(relative))}' target='_blank'{command} "
+        f"title='{html.escape(path)}'>{shown}</a>"
+        if not relative.startswith("..") or command
         else f"<code>{html.escape(path)}</code>"
     )
     cell = notebooks.failed_cell(job)
@@ -436,9 +446,10 @@ def _payload(job: Job) -> str:
     return json.dumps(payload, indent=2, ensure_ascii=False)
 
 
-def job_detail(job: Job | None, extra: str = "", attempts: str = "") -> str:
+def job_detail(job: Job | None, extra: str = "", attempts: str = "", lab_root: str | None = None) -> str:
     """Everything about one job: the facts, its `attempts` table, the error (your code's frames
-    first), result, output, `extra` (its family and steps), and the payload."""
+    first), result, output, `extra` (its family and steps), and the payload (`lab_root`: see
+    notebook_line)."""
     if job is None:
         return "<i>select a job to see its details</i>"
 
@@ -462,7 +473,7 @@ def job_detail(job: Job | None, extra: str = "", attempts: str = "") -> str:
     )
     return (
         f"<div class='nbqueue-detail' data-job-id='{job.id}'>{facts}"
-        + notebook_line(job)
+        + notebook_line(job, lab_root)
         + attempts
         + block("error", job.error and user_first(job.error))
         + block("result", job.result_json)

@@ -24,6 +24,7 @@ from ..jobs import Job, State, shown_task
 from ..notebooks import NOTEBOOK_TASK
 from ..queue import Queue
 from ..workflows import Planned, Workflow
+from .lab import server_root
 from .render import (
     FAMILY_SHOWN,
     STEP_PREVIEW,
@@ -380,7 +381,7 @@ class JobBoard(_LiveView):
         if not job.finished or self._steps[0] != mark:
             self._steps = (mark, steps_table(self.queue, job))
         extra = family(self.queue, job) + self._steps[1]
-        self.detail.value = job_detail(job, extra, attempts_table(self.queue.attempts(job)))
+        self.detail.value = job_detail(job, extra, attempts_table(self.queue.attempts(job)), server_root())
 
     def _act(self, action: str) -> None:
         """Cancel (a running job is told to stop; process mode kills it) or requeue the job shown."""
@@ -610,7 +611,9 @@ class DeadLetterView(_LiveView):
         if job is None:
             self.traceback.value = "<i>select dead jobs to see their tracebacks (click a row)</i>"
             return
-        self.traceback.value = job_detail(job, attempts=attempts_table(self.queue.attempts(job)))
+        self.traceback.value = job_detail(
+            job, attempts=attempts_table(self.queue.attempts(job)), lab_root=server_root()
+        )
 
     def _act(self, action: str, ids: list[int] | None) -> None:
         with self._lock:

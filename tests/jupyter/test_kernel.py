@@ -154,7 +154,7 @@ def test_job_output_never_lands_in_a_cell(kernels: Any, tmp_path: Path, db: Any)
             "    return i * i\n"
         )
         status = kernel.run("%worker start --concurrency 2")
-        assert "'running': True" in shown(status)
+        assert "worker running \\u00b7 2 threads" in shown(status)  # %worker reads as a sentence
         kernel.run(
             f"jobs = [get_ipython().run_line_magic('enqueue', f'chatty({{i}})') for i in range({N_JOBS})]"
         )

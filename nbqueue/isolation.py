@@ -59,8 +59,9 @@ import cloudpickle
 from . import payload as payload_json
 from .capture import tail
 from .context import JobContext, StepBook, running
-from .errors import InvalidArgument, Unretryable
+from .errors import InvalidArgument
 from .jobs import Job
+from .policy import Errors, gives_up
 from .retry import RetryAfter, retry_after
 
 log = logging.getLogger("nbqueue.worker")
@@ -115,13 +116,22 @@ def _start_context() -> Any:
         return _context
 
 
-def run_in_child(job: Job, fn: Callable[..., Any], context: JobContext, timeout: float | None) -> Outcome:
+def run_in_child(
+    job: Job,
+    fn: Callable[..., Any],
+    context: JobContext,
+    timeout: float | None,
+    retry_on: Errors | None = None,
+    give_up_on: Errors = (),
+) -> Outcome:
     """Run `fn(*job.args, **job.kwargs)` in a child process and wait for its outcome; `context` is
-    the parent's for the job: its cancel flag, its progress reports and its steps."""
+    the parent's for the job: its cancel flag, its progress reports and its steps. The child
+    decides by `retry_on` and `give_up_on` (the task's) whether its error may be retried."""
     detached = dataclasses.replace(job, _source=None)  # the child gets the job's fields, not its Queue
     cancel, steps = context.cancel, context.steps
     try:
-        shipped = cloudpickle.dumps((detached, fn, None if steps is None else steps.recorded()))
+        recorded = None if steps is None else steps.recorded()
+        shipped = cloudpickle.dumps((detached, fn, recorded, retry_on, give_up_on))
     except Exception as exc:  # what cannot be pickled now never can be: no retry
         return Outcome(Ending.RAISED, _unshippable(job, f"{type(exc).__name__}: {exc}"), retry=False)
     starter = _start_context()
@@ -308,7 +318,7 @@ def _child(send: Any, answers: Any, shipped: bytes) -> None:
 
     try:
         try:
-            job, fn, recorded = cloudpickle.loads(shipped)  # from the parent, which this child trusts
+            job, fn, recorded, retry_on, give_up_on = cloudpickle.loads(shipped)  # from the parent
         except BaseException as exc:
             post("unloadable", error=f"loading it in the child failed: {type(exc).__name__}: {exc}")
             return
@@ -337,7 +347,7 @@ def _child(send: Any, answers: Any, shipped: bytes) -> None:
                 "raised",
                 error=payload_json.error_text(exc),
                 output=tail(buffer.getvalue()),
-                final=isinstance(exc, Unretryable),
+                final=gives_up(exc, retry_on, give_up_on),
                 snooze=None
                 if snooze is None
                 else {"seconds": snooze.seconds, "reason": str(snooze), "pause": snooze.pause_limits},

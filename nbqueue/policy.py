@@ -72,13 +72,20 @@ def after_error(
             return Failure(
                 Verdict.SNOOZE, to_us(snooze.seconds), note=f"snoozed: {snooze}", pause=snooze.pause_limits
             )
-        if isinstance(error, Unretryable):
-            return Failure(Verdict.DEAD)
-        if give_up_on and isinstance(error, give_up_on):
-            return Failure(Verdict.DEAD)
-        if retry_on is not None and not isinstance(error, retry_on):
+        if gives_up(error, retry_on, give_up_on):
             return Failure(Verdict.DEAD)
     return after_failure(job, default, retry)
+
+
+def gives_up(error: BaseException, retry_on: Errors | None = None, give_up_on: Errors = ()) -> bool:
+    """True for an error no retry may follow: one no retry can mend (Unretryable), one in
+    `give_up_on`, or one outside `retry_on` when given. (A process-mode child decides it too,
+    where its error is still an object.)"""
+    if isinstance(error, Unretryable):
+        return True
+    if give_up_on and isinstance(error, give_up_on):
+        return True
+    return retry_on is not None and not isinstance(error, retry_on)
 
 
 @dataclass(frozen=True, slots=True)

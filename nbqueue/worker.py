@@ -507,7 +507,9 @@ class Worker:
             handler = registry.lookup(job.task or "")
             if self.mode == "process" and not handler.own_process:
                 registry.check_arguments(handler.fn, job)
-                outcome = run_in_child(job, handler.fn, context, job.timeout)
+                outcome = run_in_child(
+                    job, handler.fn, context, job.timeout, handler.retry_on, handler.give_up_on
+                )
                 buffer.write(outcome.output or "")
             else:
                 with captured(buffer), running(context):

@@ -69,6 +69,34 @@ def test_retry_on_retries_only_those_errors(queue: Queue) -> None:
     assert (queue.get(bug.id).status, queue.get(bug.id).attempts) == ("dead", 1)
 
 
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_the_task_s_retry_policy_holds_in_either_mode(queue: Queue, mode: str) -> None:
+    """A process-mode child decides it where the error is still an object (its parent gets text):
+    give_up_on and errors outside retry_on are dead at once there too."""
+
+    @queue.task(
+        name=f"rp.policy.{mode}",
+        max_retries=3,
+        backoff=NOW,
+        retry_on=(ConnectionError,),
+        give_up_on=(KeyError,),
+    )
+    def policy(kind: str) -> str:
+        if kind == "give up":
+            raise KeyError("no such field")
+        if kind == "not listed":
+            raise ValueError("a bug")
+        raise ConnectionError("reset")
+
+    given_up, unlisted, retried = (policy.enqueue(k) for k in ("give up", "not listed", "network"))
+    queue.worker(lease=10, mode=mode).run_until_idle(timeout=60)
+    assert [(queue.get(j.id).status, queue.get(j.id).attempts) for j in (given_up, unlisted, retried)] == [
+        ("dead", 1),
+        ("dead", 1),
+        ("dead", 4),
+    ]
+
+
 def test_a_type_error_inside_the_handler_is_retried_but_a_call_that_cannot_bind_is_not(queue: Queue) -> None:
     @queue.task(name="rp.inner_type_error", max_retries=2, backoff=NOW)
     def inner(x: int) -> int:

@@ -279,13 +279,14 @@ class JobBoard(_LiveView):
                 "SCHEDULES", lambda: schedules_line(self.queue.schedule_rows())
             )
             self._show_missing(counts["pending"], counts["running"])
-            more = counts["running"] - len(running)
+            more = counts["running"] - len(running) if pinned else 0  # filtered: they are the rows
             notes = self.queue.what_blocks(rows)
+            shown_running = [*running, *(row for row in rows if row.status is State.RUNNING)]
             self.table.value = jobs_table(
                 rows,
                 notes,
                 running=running,
-                silent=self.queue.silent_jobs(running) if running else set(),
+                silent=self.queue.silent_jobs(shown_running) if shown_running else set(),
                 selected=self.table.selected,
             ) + (
                 f"<div style='font-size:12px'>+{more} more running: status filter 'running'</div>"
@@ -293,9 +294,8 @@ class JobBoard(_LiveView):
                 else ""
             )
             first = offset + 1 if rows else 0
-            self.page_label.value = (
-                f"&nbsp;{first}-{offset + len(rows)} of {matching:,}{' more' if pinned else ''}&nbsp;"
-            )
+            above = f" · {len(running)} running above" if pinned else ""
+            self.page_label.value = f"&nbsp;{first}-{offset + len(rows)} of {matching:,}{above}&nbsp;"
             self.newer.disabled = self.page == 0
             self.older.disabled = self.page >= pages - 1
             self._show_detail()

@@ -298,7 +298,7 @@ def test_running_jobs_are_pinned_above_the_pages(queue: Queue, board_of: Any) ->
     board.older.click()
     board.older.click()
     assert row_ids(board.table.value)[0] == runner.id  # still first on the last page
-    assert "21-30 of 30 more" in board.page_label.value
+    assert "21-30 of 30 · 1 running above" in board.page_label.value
     board.status_filter.value = "running"  # asked for: no pinned section, just the rows
     assert [j.id for j in board.rows] == [runner.id] and board.running == []
 
@@ -755,6 +755,13 @@ def test_the_board_marks_a_running_job_whose_worker_process_is_gone(
     board = board_of()
     assert [j.id for j in board.running] == [job.id]
     assert "nbqueue-silent" in board.table.value
+    # Filtered to running jobs (nothing pinned: they are the rows), the mark is there too, and
+    # no "+1 more running" about the job the table lists.
+    filtered = board_of(status="running")
+    assert [j.id for j in filtered.rows] == [job.id] and filtered.running == []
+    assert "nbqueue-silent" in filtered.table.value
+    assert "more running" not in filtered.table.value
+    assert filtered.page_label.value == "&nbsp;1-1 of 1&nbsp;"
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,38 @@ def ago(when: datetime | None, now: datetime) -> str:
     return f"{when:%d %b %Y}"
 
 
+def resumes_in(when: datetime, now: datetime) -> str:
+    """How long until `when`, for a pause: "4 s", "3 min", "2 h" (at least 1 s)."""
+    seconds = max(1.0, (when - now).total_seconds())
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+
+def _paused_until(row: Any) -> datetime | None:
+    return None if str(row.paused_until) in ("NaT", "None") else row.paused_until.to_pydatetime()
+
+
+def held_back_notes(jobs: Sequence[Job], limits: Any, now: datetime) -> dict[int, str]:
+    """What holds each pending job back among its limit keys (`limits`: q.limits()): "waiting on
+    limit openai: paused (HTTP 429), resumes in 4 s", or "waiting on limit openai: 4/4 in flight"."""
+    held: dict[str, str] = {}
+    for row in limits.itertuples(index=False):
+        if isinstance(row.damaged, str):
+            continue
+        paused = _paused_until(row)
+        if paused is not None and paused > now:
+            held[row.key] = f"paused ({row.paused_why or 'by hand'}), resumes in {resumes_in(paused, now)}"
+        elif str(row.concurrency) != "<NA>" and row.in_flight >= row.concurrency:
+            held[row.key] = f"{row.in_flight}/{row.concurrency} in flight"
+    notes = {}
+    for job in jobs:
+        keys = [key for key in (job.limits or {}) if key in held] if job.status is State.PENDING else []
+        if keys:
+            notes[job.id] = "waiting on " + "; ".join(f"limit {key}: {held[key]}" for key in keys)
+    return notes
+
+
 def _titled(text: str, title: str | None = None, style: str = "") -> str:
     """Text that may be clipped, whole on hover; both escaped."""
     styled = f" style='{style}'" if style else ""
@@ -250,8 +282,10 @@ def attempts_table(frame: Any) -> str:
     )
 
 
-def limits_line(frame: Any) -> str:
-    """LIMITS  openai 4/8 in flight · 500/m, next start in 0.2 s · paused by 429 until 14:32:10 UTC."""
+def limits_line(frame: Any, now: datetime | None = None) -> str:
+    """LIMITS  openai 4/8 in flight · 500/m, next start in 0.2 s · paused (HTTP 429), resumes in
+    4 s (the UTC time on hover)."""
+    now = now or datetime.now(UTC)
     parts = []
     for row in frame.itertuples(index=False):
         if isinstance(row.damaged, str):  # written by hand: says so, the other keys still shown
@@ -270,11 +304,12 @@ def limits_line(frame: Any) -> str:
             bits.append(f"{html.escape(row.rate)}{later}")
         if row.waiting:
             bits.append(f"{row.waiting} waiting")
-        if str(row.paused_until) not in ("NaT", "None"):
-            why = html.escape(str(row.paused_why or "paused"))
+        paused = _paused_until(row)
+        if paused is not None and paused > now:
+            why = html.escape(str(row.paused_why or "by hand"))
             bits.append(
-                f"<span class='nbqueue-paused' style='color:#dc3545' title='{why}'>paused until "
-                f"{row.paused_until:%H:%M:%S} UTC ({why[:60]})</span>"
+                f"<span class='nbqueue-paused' style='color:#dc3545' title='{why}; until "
+                f"{paused:%H:%M:%S} UTC'>paused ({why[:60]}), resumes in {resumes_in(paused, now)}</span>"
             )
         key = html.escape(str(row.key))
         parts.append(f"<span class='nbqueue-limit' data-key='{key}'>{' · '.join(bits)}</span>")

@@ -34,6 +34,7 @@ from .render import (
     error_kind,
     family_html,
     groups_table,
+    held_back_notes,
     job_detail,
     jobs_table,
     limits_line,
@@ -274,13 +275,20 @@ class JobBoard(_LiveView):
             self.counts_html.value = "".join(pill(s, counts[s.value]) for s in State)
             self.outcome.value = outcome_bar(counts)
             self._draw_chart()
-            self.limits_html.value = or_damage("LIMITS", lambda: limits_line(self.queue.limits()))
+            now = self.queue.now()
+            limits: list[Any] = []  # the frame, once read: held-back jobs say which key holds them
+
+            def limits_now() -> str:
+                limits.append(self.queue.limits())
+                return limits_line(limits[0], now)
+
+            self.limits_html.value = or_damage("LIMITS", limits_now)
             self.schedules_html.value = or_damage(
                 "SCHEDULES", lambda: schedules_line(self.queue.schedule_rows())
             )
             self._show_missing(counts["pending"], counts["running"])
             more = counts["running"] - len(running) if pinned else 0  # filtered: they are the rows
-            notes = self.queue.what_blocks(rows)
+            notes = self.queue.what_blocks(rows) | (held_back_notes(rows, limits[0], now) if limits else {})
             shown_running = [*running, *(row for row in rows if row.status is State.RUNNING)]
             self.table.value = jobs_table(
                 rows,

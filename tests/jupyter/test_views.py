@@ -608,12 +608,20 @@ def test_the_board_shows_each_limit_with_what_holds_it_and_its_pause(queue: Queu
     queue.enqueue({"n": 1}, limits={"openai": 1, "tokens": 1200})
     claim = queue.claim()
     assert claim is not None
-    queue.enqueue({"n": 2}, limits=["openai"])
+    held = queue.enqueue({"n": 2}, limits=["openai"])
     queue.pause("openai", 60, why="HTTP 429: the server asked to wait 60 s")
-    line = board_of().limits_html.value
+    board = board_of()
+    line = board.limits_html.value
     assert "LIMITS" in line
     assert "<b>openai</b> · 1/8 in flight · 500/m" in line and "1 waiting" in line
-    assert "paused until" in line and "HTTP 429" in line
+    assert re.search(r"paused \(HTTP 429: the server asked to wait 60 s\), resumes in (59|60) s", line), line
+    assert "UTC'>" in line  # the clock time on hover
+    # The held-back job says what holds it, in its row.
+    row = re.search(rf"<tr data-row-id='{held.id}'.*?</tr>", html.unescape(board.table.value), re.S)
+    assert row is not None
+    assert re.search(r"waiting on limit openai: paused \(HTTP 429[^)]*\), resumes in (59|60) s", row[0]), row[
+        0
+    ]
     assert "<b>tokens</b> · 1200 in flight · 1500/s, next start in" in line  # 90000/m, as per second
     assert queue.resume("openai") is True
     assert "paused" not in board_of().limits_html.value
@@ -972,3 +980,17 @@ def test_a_notebook_job_is_requeued_with_its_current_file_from_the_board_and_dea
     view.reload_selected.click()
     assert queue.get(second.id).status is State.PENDING and last_cell(second) == "print('fixed')"
     assert "with the current files" in view.message.value
+
+
+def test_a_job_held_back_by_a_full_key_says_so(queue: Queue) -> None:
+    from nbqueue.jupyter.render import held_back_notes
+
+    queue.limit("gpu", concurrency=1)
+    queue.enqueue({"n": 1}, limits=["gpu"])
+    running = queue.claim()
+    assert running is not None
+    waiting = queue.enqueue({"n": 2}, limits=["gpu"])
+    free = queue.enqueue({"n": 3})
+    notes = held_back_notes(queue.jobs(), queue.limits(), queue.now())
+    assert notes == {waiting.id: "waiting on limit gpu: 1/1 in flight"}
+    assert free.id not in notes and running.id not in notes

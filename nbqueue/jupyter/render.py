@@ -242,12 +242,36 @@ def outcome_bar(counts: dict[str, int]) -> str:
     )
 
 
+RETRIED = ("failed", "timeout", "lost")  # outcomes after which the next run is the next attempt
+ENDED = ("completed", "dead", "cancelled")  # after these, a further run is a fresh start (requeue)
+
+
+def attempt_numbers(outcomes: Sequence[str]) -> list[tuple[int, bool]]:
+    """Each run's attempt number as `attempt_text` counts it, and whether a requeue came before
+    it: a snoozed or released run is not an attempt (the next run is the same attempt again),
+    and a run after the job ended starts again at attempt 1."""
+    numbers, attempt, fresh = [], 1, False
+    for outcome in outcomes:
+        numbers.append((attempt, fresh))
+        fresh = outcome in ENDED
+        attempt = 1 if fresh else attempt + (outcome in RETRIED)
+    return numbers
+
+
 def attempts_table(frame: Any) -> str:
-    """Every attempt of a job: when it started, how long, which worker, how it ended, its error."""
+    """Every run of a job: its attempt (counted as the header counts: snoozes are not attempts,
+    a requeue starts again at 1), when it started, how long, which worker, how it ended, its
+    error."""
     if frame is None or frame.empty:
         return ""
     rows = []
-    for r in frame.itertuples(index=False):
+    numbers = attempt_numbers([str(outcome) for outcome in frame["outcome"]])
+    for r, (number, fresh) in zip(frame.itertuples(index=False), numbers, strict=True):
+        if fresh:
+            rows.append(
+                "<tr class='nbqueue-requeued'><td colspan='6' style='padding:1px 8px;color:#6c757d'>"
+                "requeued: a fresh start</td></tr>"
+            )
         duration = "" if r.duration != r.duration else f"{r.duration:.2f} s"  # NaN while running
         error = (last_line(r.error) if isinstance(r.error, str) else None) or ""
         colour = (
@@ -258,7 +282,7 @@ def attempts_table(frame: Any) -> str:
             else "#495057"
         )
         cells = (
-            f"attempt {r.attempt}",
+            f"attempt {number}",
             f"{r.started:%Y-%m-%d %H:%M:%S}",
             duration,
             f"<span style='color:{colour}'>{html.escape(str(r.outcome))}</span>",
@@ -266,7 +290,7 @@ def attempts_table(frame: Any) -> str:
             f"<span title='{html.escape(error)}'>{html.escape(error)}</span>",
         )
         rows.append(
-            f"<tr data-attempt='{r.attempt}'>"
+            f"<tr data-attempt='{number}' data-run='{r.attempt}'>"
             + "".join(f"<td style='padding:1px 8px;{_ONE_LINE}'>{c}</td>" for c in cells)
             + "</tr>"
         )
@@ -510,7 +534,10 @@ def job_detail(job: Job | None, extra: str = "", attempts: str = "", lab_root: s
         f"<div class='nbqueue-detail' data-job-id='{job.id}'>{facts}"
         + notebook_line(job, lab_root)
         + attempts
-        + block("error", job.error and user_first(job.error))
+        + block(
+            "error of an earlier run" if job.status is State.COMPLETED else "error",
+            job.error and user_first(job.error),
+        )
         + block("result", job.result_json)
         + block("output", job.output)
         + extra

@@ -994,3 +994,44 @@ def test_a_job_held_back_by_a_full_key_says_so(queue: Queue) -> None:
     notes = held_back_notes(queue.jobs(), queue.limits(), queue.now())
     assert notes == {waiting.id: "waiting on limit gpu: 1/1 in flight"}
     assert free.id not in notes and running.id not in notes
+
+
+def test_one_attempt_story_for_snoozed_retried_and_requeued_jobs(queue: Queue, board_of: Any) -> None:
+    """Header, attempts table and error agree: a snooze is not an attempt, a requeue starts
+    again at attempt 1 (the table marks it), a completed job's error is an earlier run's."""
+    from nbqueue.jupyter.render import attempt_numbers
+
+    assert attempt_numbers(["snoozed", "completed"]) == [(1, False), (1, False)]
+    assert attempt_numbers(["failed", "released", "dead", "completed"]) == [
+        (1, False),
+        (2, False),
+        (2, False),
+        (1, True),
+    ]
+    snoozed = queue.enqueue({"n": 1}, max_retries=3)
+    claimed = queue.claim()
+    assert claimed is not None and claimed.id == snoozed.id
+    queue.fail(claimed, nbqueue.RetryAfter(0.01))
+    time.sleep(0.05)
+    queue.complete(queue.claim(), "ok")  # type: ignore[arg-type]
+    board = board_of()
+    board.select(snoozed.id)
+    detail = board.detail.value
+    assert "attempt 1 of 4" in detail
+    assert re.findall(r"<td[^>]*>attempt (\d+)</td>", detail) == ["1", "1"]  # snoozed, then completed
+    assert "error of an earlier run" in detail
+
+    dying = queue.enqueue({"n": 2}, max_retries=0)
+    run = queue.claim()
+    assert run is not None and run.id == dying.id
+    assert queue.fail(run, "broke") == "dead"
+    assert queue.requeue(dying.id) == 1
+    again = queue.claim()
+    assert again is not None and again.id == dying.id
+    queue.complete(again, "fixed")
+    board.select(dying.id)
+    detail = board.detail.value
+    assert "attempt 1 of 1" in detail
+    assert re.findall(r"<td[^>]*>attempt (\d+)</td>", detail) == ["1", "1"]  # dead, then after the requeue
+    table = detail[detail.index("nbqueue-attempts") :]
+    assert table.index(">dead<") < table.index("requeued: a fresh start") < table.index(">completed<")

@@ -112,6 +112,12 @@ def _progress_cell(job: Job) -> str:
     )
 
 
+def _attempt_cell(said: str) -> str:
+    """The attempt column: "2 of 4", "next: attempt 1 of 4"; "never run", whole on hover."""
+    short = "never run" if said.startswith("never run") else said.removeprefix("attempt ")
+    return _titled(short, said)
+
+
 def _text_cell(job: Job, note: str | None = None, silent: bool = False) -> str:
     """What a person should read about the job: its worker gone silent, what it waits for, or
     its last error (the whole error on hover, and in the detail pane)."""
@@ -133,11 +139,11 @@ def _text_cell(job: Job, note: str | None = None, silent: bool = False) -> str:
 
 
 _COLUMNS = (  # heading, width: fixed widths where the text is short, shares of the rest elsewhere
-    ("id", "52px"),
+    ("id", "72px"),  # "#4000123": seven digits (12 px text, 6 px padding each side)
     ("task", "14%"),
     ("queue", "8%"),
-    ("status", "112px"),
-    ("attempt", "84px"),
+    ("status", "124px"),  # "upstream_failed", bold
+    ("attempt", "148px"),  # "next: attempt 1 of 4"
     ("updated", "76px"),
     ("progress", "16%"),
     ("error / waiting on", "auto"),
@@ -175,7 +181,7 @@ def jobs_table(
             f"<span title='{html.escape(job.task or '(payload)')}'>{task}</span>",
             f"<span title='{html.escape(job.queue)}'>{html.escape(job.queue)}</span>",
             f"<span style='color:{COLOURS[job.status]};font-weight:600'>{job.status.value}</span>",
-            html.escape(attempt_text(job).removeprefix("attempt ")),
+            _attempt_cell(attempt_text(job)),
             f"<span title='{job.updated_at:%Y-%m-%d %H:%M:%S} UTC'>{html.escape(when)}</span>",
             _progress_cell(job),
             _text_cell(job, notes.get(job.id), job.id in silent),

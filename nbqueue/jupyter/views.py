@@ -169,8 +169,8 @@ class JobBoard(_LiveView):
             f"<b>nbqueue</b> <code>{html.escape(str(queue))}</code>", layout={"margin": "0"}
         )
         self.counts_html = widgets.HTML()
-        self.outcome = widgets.HTML(layout={"width": "100%"})
-        self.chart = widgets.HTML(layout={"width": "100%"})
+        self.outcome = widgets.HTML(layout={"width": "auto"})
+        self.chart = widgets.HTML(layout={"width": "auto"})
         self.limits_html = widgets.HTML()
         self.schedules_html = widgets.HTML()
         self.missing_html = widgets.HTML()  # pending jobs no task of this kernel runs
@@ -192,7 +192,7 @@ class JobBoard(_LiveView):
         self.newer = widgets.Button(description="Newer", icon="arrow-left", disabled=True, layout=small)
         self.older = widgets.Button(description="Older", icon="arrow-right", layout=small)
         self.page_label = widgets.HTML()
-        self.table = ClickTable(layout={"width": "100%"})
+        self.table = ClickTable(layout={"width": "auto"})
         self.cancel_button = widgets.Button(
             description="Cancel job", icon="stop", disabled=True, layout=small
         )
@@ -204,7 +204,7 @@ class JobBoard(_LiveView):
             description="Requeue with current file", icon="file", layout={"width": "auto", "display": "none"}
         )
         self.message = widgets.HTML()
-        self.detail = widgets.HTML(layout={"width": "100%"})
+        self.detail = widgets.HTML(layout={"width": "auto"})
         self.children = [
             widgets.HBox([self.title, self.refresh_button], layout={"justify_content": "space-between"}),
             self.counts_html,
@@ -218,7 +218,7 @@ class JobBoard(_LiveView):
             widgets.HBox([self.cancel_button, self.requeue_button, self.reload_button, self.message]),
             self.detail,
         ]
-        self.layout.width = "100%"
+        self.layout.width = "auto"
         self.add_class("nbqueue-board")
         self.status_filter.observe(self._filter_changed, names="value")
         self.queue_filter.observe(self._filter_changed, names="value")
@@ -485,12 +485,12 @@ class DeadLetterView(_LiveView):
         )
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh", layout=small)
         self.message = widgets.HTML()
-        self.groups_table = ClickTable(layout={"width": "100%"})
-        self.table = ClickTable(layout={"width": "100%"})
+        self.groups_table = ClickTable(layout={"width": "auto"})
+        self.table = ClickTable(layout={"width": "auto"})
         self.newer = widgets.Button(description="Newer", icon="arrow-left", disabled=True, layout=small)
         self.older = widgets.Button(description="Older", icon="arrow-right", layout=small)
         self.page_label = widgets.HTML()
-        self.traceback = widgets.HTML(layout={"width": "100%"})
+        self.traceback = widgets.HTML(layout={"width": "auto"})
         # The jobs chosen for "Requeue/Delete selected": a click on a row chooses it; code may
         # set several (view.select.value = (3, 4)). Kept as a widget, not shown.
         self.select = widgets.SelectMultiple(options=[])
@@ -511,7 +511,7 @@ class DeadLetterView(_LiveView):
             self.table,
             self.traceback,
         ]
-        self.layout.width = "100%"
+        self.layout.width = "auto"
         self.add_class("nbqueue-deadletters")
         self.requeue_selected.on_click(lambda _b: self._act("requeue", list(self.select.value)))
         self.requeue_all.on_click(lambda _b: self._act("requeue", None))

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,9 @@ HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE / "board.ipynb"
 DOCS = HERE.parent.parent / "docs"
 GOOD, BAD = 6, 3  # the notebook enqueues 6 jobs that succeed and 3 that die on their first run
+# ...and two that stay: one due in an hour ("next: attempt 1 of 4"), one after a flaky job
+# (upstream_failed, then pending once the requeued flaky job completes: a payload no worker runs).
+FIRST_ID = 40_001
 
 # Lab settings: no news or update checks, no autosave of the copy, and every cell kept in
 # the DOM (no windowing), so error text in any output can be found.
@@ -101,6 +105,22 @@ ROW_HEIGHTS_JS = """() => [...document.querySelectorAll(
     .map((row) => row.getBoundingClientRect().height)"""
 ONE_LINE_PX = 26  # 18 px of text and its padding; a wrapped row is 36 px or more
 
+# Cells whose whole text must show (id, status, attempt: columns 1, 4 and 5 of a job table), and
+# whether an output area scrolls sideways (a view wider than the notebook's output column).
+CLIPPED_JS = """() => [...document.querySelectorAll(
+    '.nbqueue-board table.nbqueue-jobs tr[data-row-id],'
+    + '.nbqueue-deadletters table.nbqueue-jobs tr[data-row-id]')]
+    .flatMap((row) => [0, 3, 4].map((i) => row.children[i]).filter(Boolean)
+        .filter((cell) => cell.scrollWidth > cell.clientWidth + 1)
+        .map((cell) => `${row.dataset.rowId}: ${cell.textContent}`))"""
+SIDEWAYS_JS = """() => [...document.querySelectorAll('.nbqueue-board, .nbqueue-deadletters')]
+    .flatMap((view) => {
+        const edge = view.closest('.jp-OutputArea-output').getBoundingClientRect().right;
+        return [view, ...view.querySelectorAll('.jupyter-widgets')]
+            .filter((part) => part.getBoundingClientRect().right > edge + 0.5)
+            .map((part) => `${part.className.slice(0, 60)}: ${part.getBoundingClientRect().right} > ${edge}`);
+    })"""
+
 BOARD_COUNTS_JS = """() => Object.fromEntries(
     [...document.querySelectorAll('.nbqueue-board .nbqueue-count')]
         .map((el) => [el.dataset.state, Number(el.dataset.count)]))"""
@@ -113,6 +133,13 @@ def _need(condition: bool, reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set, so the UI test must run, not skip)", pytrace=False)
     pytest.skip(reason)
+
+
+def _ids_from(db: Path, first: int) -> None:
+    """A queue file whose jobs get ids from `first` on: five digits, as after a busy week."""
+    nbqueue.Queue(str(db)).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'nbqueue_jobs'", (first - 1,))
 
 
 def _free_port() -> int:
@@ -194,6 +221,7 @@ def running_lab(tmp_path: Path) -> Iterator[Lab]:
     # A short path for the queue file: the views show it, and the screenshots go in the README.
     short = Path(tempfile.mkdtemp(prefix="nbqueue-ui-"))
     db = short / "jobs.db"
+    _ids_from(db, FIRST_ID)
     port = _free_port()
     env = {
         **os.environ,
@@ -364,7 +392,14 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
         browser.check()
 
         # The board shows what the SQLite file holds, the long job pinned on top, its bar moving.
-        want = {**{state.value: 0 for state in nbqueue.State}, "completed": GOOD, "dead": BAD, "running": 1}
+        want = {
+            **{state.value: 0 for state in nbqueue.State},
+            "completed": GOOD,
+            "dead": BAD,
+            "running": 1,
+            "pending": 1,
+            "upstream_failed": 1,
+        }
         wait_until(lambda: browser.board_counts() == want == _db_counts(lab.db), 20, f"board showing {want}")
         running = board.locator("table.nbqueue-jobs tbody tr[data-row-id]").first
         assert running.get_attribute("data-status") == "running"
@@ -380,6 +415,11 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
         board.locator(".nbqueue-chart svg").wait_for(state="attached")
         heights = page.evaluate(ROW_HEIGHTS_JS)
         assert heights and max(heights) <= ONE_LINE_PX, f"rows taller than one line: {heights}"
+        # Five-digit ids, "upstream_failed", "next: attempt 1 of 4": whole, and no sideways scroll.
+        page_text = board.inner_text()
+        assert "upstream_failed" in page_text and "next: attempt 1 of 4" in page_text
+        assert page.evaluate(CLIPPED_JS) == [], page.evaluate(CLIPPED_JS)
+        assert page.evaluate(SIDEWAYS_JS) == [], page.evaluate(SIDEWAYS_JS)
 
         # Dead letters: the three flaky failures are one group, requeued with one click.
         dead_count = dead_view.locator(".nbqueue-dead-count")
@@ -400,7 +440,12 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
         board.locator(".nbqueue-message", has_text="cancelled job").wait_for()
 
         # The board refreshes itself every second; the flaky jobs pass on their second run.
-        want = {**{state.value: 0 for state in nbqueue.State}, "completed": GOOD + BAD, "cancelled": 1}
+        want = {
+            **{state.value: 0 for state in nbqueue.State},
+            "completed": GOOD + BAD,
+            "cancelled": 1,
+            "pending": 2,
+        }
 
         def all_done() -> bool:
             browser.check()

@@ -101,10 +101,12 @@ def test_map_inside_a_running_job_makes_its_children_once(make_queue: MakeQueue)
     assert [q.get(i).args for i in ids] == [[10], [20], [30]]
 
 
+@pytest.mark.slow  # about 4 s of CPU a backend: make test runs it
 def test_a_workflow_s_write_grows_linearly_with_its_size(queue: Queue) -> None:
     """Its jobs' ids were rebuilt for every job written (n**2): 8,000 jobs took 8.5 s. A ratio
-    in one run: 16 times the jobs may take at most 32 times as long (twice the time per job;
-    the ids copied per job made it 80 times on SQLite)."""
+    in one run, in this process's CPU time (other processes' load is not ours): 8 times the jobs
+    may take at most 14 times as long (linear: 8 on SQLite, 10 on PostgreSQL, whose server does
+    part of the work; the ids copied per job made it 24 and 15)."""
 
     @queue.task(name="map.step")
     def step(x: int) -> int:
@@ -114,16 +116,16 @@ def test_a_workflow_s_write_grows_linearly_with_its_size(queue: Queue) -> None:
         gc.collect()
         gc.disable()  # the interpreter's collections grow with what is alive: not what is measured
         try:
-            started = time.perf_counter()
+            started = time.process_time()
             with queue.workflow(f"w{n}"):
                 root = step.enqueue(0)
                 for i in range(n):
                     step.schedule(args=(nbqueue.result_of(root), i), after=[root])
-            return time.perf_counter() - started
+            return time.process_time() - started
         finally:
             gc.enable()
 
     write(50)  # warm: statements prepared, caches filled
-    small = min(write(200) for _ in range(3))
-    large = min(write(3200) for _ in range(2))
-    assert large / small < 32, f"200 jobs {small:.3f} s, 3,200 jobs {large:.3f} s"
+    small = min(write(400) for _ in range(3))
+    large = min(write(3200) for _ in range(3))
+    assert large / small < 14, f"400 jobs {small:.3f} s, 3,200 jobs {large:.3f} s"

@@ -22,7 +22,7 @@ from .context import current as current_job
 from .errors import InvalidArgument, PayloadError
 from .jobs import Job, State, stored_backoff
 from .options import JobArgs, JobOptions, gate, stored
-from .payload import call_body
+from .payload import SCALARS, call_body
 from .retry import Backoff
 from .storage import NewJob, Storage
 from .tasks import Task
@@ -259,10 +259,7 @@ class Intake:
         )
 
 
-_SCALARS = (str, int, float, bool, type(None))
-
-
 def _call_of(item: Any) -> dict[str, Any] | None:
     """A one-argument call's payload as its JSON reads back, for a scalar item (a string, number,
     bool or None reads back as itself); None: read the JSON."""
-    return {"args": [item], "kwargs": {}} if type(item) in _SCALARS else None
+    return {"args": [item], "kwargs": {}} if type(item) in SCALARS else None

@@ -52,7 +52,8 @@ def _explain(value: Any, field: str) -> str:
     return _find_bad(value, field) or f"{field} cannot be stored as JSON"
 
 
-_SCALARS = frozenset({str, int, float, bool, type(None)})
+#: The types JSON gives back exactly as they went in.
+SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _plain(value: Any) -> bool:
@@ -60,10 +61,10 @@ def _plain(value: Any) -> bool:
     string keys (or a list) of scalars. (dumps has refused NaN and infinities already.)"""
     kind = type(value)
     if kind is dict:
-        return all(type(k) is str for k in value) and all(type(v) in _SCALARS for v in value.values())
+        return all(type(k) is str for k in value) and all(type(v) in SCALARS for v in value.values())
     if kind is list:
-        return all(type(v) in _SCALARS for v in value)
-    return kind in _SCALARS
+        return all(type(v) in SCALARS for v in value)
+    return kind in SCALARS
 
 
 def _find_bad(value: Any, path: str, depth: int = 0) -> str | None:
@@ -104,7 +105,7 @@ def call_body(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
         if not isinstance(name, str):
             raise InvalidArgument(f"keyword argument names must be strings, not {name!r}")
     body = {"args": list(args), "kwargs": kwargs}
-    if all(type(v) in _SCALARS for v in args) and all(type(v) in _SCALARS for v in kwargs.values()):
+    if all(type(v) in SCALARS for v in args) and all(type(v) in SCALARS for v in kwargs.values()):
         try:  # the common call, of scalars only: nothing to walk (a map of 10,000 items)
             text = _ENCODER.encode(body)
             if len(text) <= MAX_BYTES:

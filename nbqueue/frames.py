@@ -273,17 +273,16 @@ def attempts_frame(rows: Sequence[AttemptRow]) -> pd.DataFrame:
     return result
 
 
-def activity_frame(first: int, minutes: int, counts: dict[int, tuple[int, int]]) -> pd.DataFrame:
-    """Per minute from minute number `first` (time // 60 s) on, `minutes` of them: completed and failed."""
+def activity_frame(first: int, minutes: int, counts: dict[int, tuple[int, int, int]]) -> pd.DataFrame:
+    """Per minute from minute number `first` (time // 60 s) on, `minutes` of them: completed,
+    failed and snoozed."""
     pandas = _pandas()
     numbers = range(first, first + minutes)
     index = pandas.DatetimeIndex([from_us(m * 60_000_000) for m in numbers], name="minute")
-    frame = pandas.DataFrame(
-        {
-            "completed": pandas.array([counts.get(m, (0, 0))[0] for m in numbers], dtype="int64"),
-            "failed": pandas.array([counts.get(m, (0, 0))[1] for m in numbers], dtype="int64"),
-        },
-        index=index,
-    )
+    columns = {
+        name: pandas.array([counts.get(m, (0, 0, 0))[i] for m in numbers], dtype="int64")
+        for i, name in enumerate(("completed", "failed", "snoozed"))
+    }
+    frame = pandas.DataFrame(columns, index=index)
     result: pd.DataFrame = frame
     return result

@@ -54,6 +54,7 @@ from .storage import (
     ClaimRequest,
     Completion,
     Filter,
+    Search,
     Row,
     Storage,
 )
@@ -369,14 +370,14 @@ class JobManager:
             raise JobNotFound(f"no job with id {job_id}")
         return rows
 
-    def activity(self, minutes: int) -> tuple[int, dict[int, tuple[int, int]]]:
+    def activity(self, minutes: int) -> tuple[int, dict[int, tuple[int, int, int]]]:
         """The first of the last `minutes` minutes (minute number: time // 60 s) and, per minute
-        number, the attempts that ended in it: (completed, failed)."""
+        number, the runs that ended in it: (completed, failed, snoozed)."""
         if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= 100_000:
             raise InvalidArgument(f"minutes must be a whole number from 1 to 100000, not {minutes!r}")
         first = self.now_us() // MINUTE_US - (minutes - 1)
         rows = self.storage.activity(first * MINUTE_US)
-        return first, {int(m): (int(c or 0), int(f or 0)) for m, c, f in rows}
+        return first, {int(m): (int(c or 0), int(f or 0), int(z or 0)) for m, c, f, z in rows}
 
     def failures(self, job_ids: Sequence[int]) -> dict[int, int]:
         """Failed attempts (failed, dead, timeout, lost) of each of these jobs that has any."""
@@ -446,10 +447,19 @@ class JobManager:
         return self.storage.queues()
 
     def rows(
-        self, statuses: Sequence[State] | None, queue: str | None, limit: int, offset: int
+        self,
+        statuses: Sequence[State] | None,
+        queue: str | None,
+        limit: int,
+        offset: int,
+        brief: bool = False,
+        search: Search | None = None,
     ) -> list[JobRow]:
-        """A page of raw rows, newest first (for DataFrames, which must show damaged rows too)."""
-        return self.storage.rows(statuses, queue, limit, offset)
+        """A page of raw rows, newest first (for DataFrames, which must show damaged rows too);
+        with `search`, of the jobs it finds."""
+        if search is None:
+            return self.storage.rows(statuses, queue, limit, offset, brief)
+        return self.storage.search(search, statuses, queue, limit, offset, brief)
 
     def jobs(
         self,
@@ -458,10 +468,22 @@ class JobManager:
         limit: int,
         offset: int,
         brief: bool = False,
+        search: Search | None = None,
     ) -> list[Job]:
         """A page of jobs, newest first; a damaged row is listed as what can be read of it."""
-        rows = self.storage.rows(statuses, queue, limit, offset, brief)
+        rows = self.rows(statuses, queue, limit, offset, brief, search)
         return [listed(row).attach(self) for row in rows]
+
+    def count(self, statuses: Sequence[State] | None, queue: str | None, search: Search | None) -> int:
+        """How many jobs a listing with these filters holds."""
+        if search is not None:
+            return self.storage.count_found(search, statuses, queue)
+        counts = self.storage.counts(queue)
+        return sum(n for state, n in counts.items() if statuses is None or state in statuses)
+
+    def dead_since(self, since_us: int) -> int:
+        """How many jobs are dead now and died after that time (microseconds)."""
+        return self.storage.dead_since(since_us)
 
     def pending_per_task(self, queues: Sequence[str] | None = None) -> dict[str | None, int]:
         """How many pending jobs each task has in `queues` (all: None); None is raw payloads."""

@@ -165,16 +165,18 @@ def test_activity_counts_per_minute(exact_queue: Queue, clock: ManualClock) -> N
     q.fail(claim(q), "bad")  # dead: a failed attempt
     clock.advance(60)  # 12:01:30
     q.enqueue({"n": 9})
+    q.fail(claim(q), nbqueue.RetryAfter(1))  # a snooze: a run, no attempt spent
+    clock.advance(1)
     q.complete(claim(q), None)
 
     frame = q.activity(3)
-    assert list(frame.columns) == ["completed", "failed"]
+    assert list(frame.columns) == ["completed", "failed", "snoozed"]
     assert frame.index.name == "minute" and str(frame.index.tz) == "UTC"
     assert list(frame.index) == [
         pd.Timestamp(f"2026-01-01 {t}", tz="UTC") for t in ("11:59", "12:00", "12:01")
     ]
-    assert frame.to_numpy().tolist() == [[0, 0], [2, 1], [1, 0]]
-    assert len(q.activity()) == 60 and q.activity(1).to_numpy().tolist() == [[1, 0]]
+    assert frame.to_numpy().tolist() == [[0, 0, 0], [2, 1, 0], [1, 0, 1]]
+    assert len(q.activity()) == 60 and q.activity(1).to_numpy().tolist() == [[1, 0, 1]]
     with pytest.raises(nbqueue.InvalidArgument):
         q.activity(0)
 

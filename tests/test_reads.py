@@ -113,3 +113,75 @@ def test_missing_tasks_are_pending_jobs_no_task_here_runs(queue: Queue) -> None:
     assert queue.missing_tasks("other") == {"reads.gone": 1}
     with queue.worker(queues=["other"]) as worker:
         assert worker.status()["missing_tasks"] == {"reads.gone": 1}
+
+
+def test_a_search_finds_jobs_by_id_task_key_arguments_error_and_output(queue: Queue) -> None:
+    @queue.task(name="fetch_page", max_retries=0)
+    def fetch_page(url: str) -> None:
+        raise ConnectionError(f"{url}: 503 Service Unavailable")
+
+    by_url = fetch_page.enqueue("https://example.org/a")
+    keyed = queue.enqueue({"n": 1}, key="report-EU", queue="reports")
+    plain = queue.enqueue({"note": "100%_done"})
+    with queue.worker() as worker:
+        worker.run_until_idle()
+    assert queue.get(by_url.id).status is State.DEAD
+
+    def ids(text: str, **filters: object) -> list[int]:
+        found = [job.id for job in queue.jobs(search=text, brief=True, **filters)]  # type: ignore[arg-type]
+        assert queue.count(search=text, **filters) == len(found)  # type: ignore[arg-type]
+        return found
+
+    assert ids("503 service") == [by_url.id]  # the error, in any case
+    assert ids("example.org/A") == [by_url.id]  # the arguments
+    assert ids("FETCH_") == [by_url.id]  # the task's name
+    assert ids("report-eu") == [keyed.id]  # the key
+    assert ids(f"#{plain.id}") == [plain.id]  # the id alone
+    assert ids(f" {plain.id} ")[0] == plain.id  # the id, and any text that holds the number
+    assert ids("100%_") == [plain.id] and ids("10_%") == []  # % and _ are text, not wildcards
+    assert ids("example", status="pending") == [] and ids("report", queue="default") == []
+    assert ids("o", queue="reports") == [keyed.id]
+    assert ids("e") == [plain.id, keyed.id, by_url.id]  # newest first
+    assert ids("e")[1:] == [j.id for j in queue.jobs(search="e", offset=1, limit=5)]
+    frame = queue.history(search="503")
+    assert frame["id"].tolist() == [by_url.id] and "503 Service" in frame["error"].iloc[0]
+    assert queue.count() == 3 and queue.count(status="dead") == 1 and queue.count(status=["pending"]) == 2
+    assert queue.count(search="") == 3  # an empty search is no search
+    with pytest.raises(nbqueue.InvalidArgument, match="status"):
+        queue.count(status="nope", search="x")
+
+
+def test_a_search_reads_only_the_newest_jobs_but_any_id(queue: Queue) -> None:
+    from nbqueue.storage import Search  # noqa: PLC0415
+
+    old = queue.enqueue({"word": "needle"})
+    newer = [queue.enqueue({"n": n}) for n in range(3)]
+    new = queue.enqueue({"word": "needle"})
+    bounded = Search("needle", scanned=len(newer) + 1)  # the newest four jobs
+    assert [j.id for j in queue.manager.jobs(None, None, 10, 0, search=bounded)] == [new.id]
+    wide = Search("needle", scanned=10)
+    assert [j.id for j in queue.manager.jobs(None, None, 10, 0, search=wide)] == [new.id, old.id]
+    by_id = Search(str(old.id), scanned=1)  # an id is found however old
+    assert old.id in [j.id for j in queue.manager.jobs(None, None, 10, 0, search=by_id)]
+
+
+def test_dead_since_counts_the_jobs_that_died_after_a_time(queue: Queue) -> None:
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    first = queue.enqueue({"n": 1}, max_retries=0)
+    queue.fail(_claimed(queue), "boom")
+    mark = datetime.now(UTC)
+    assert queue.dead_since(mark - timedelta(minutes=1)) == 1 and queue.dead_since(mark) == 0
+    queue.enqueue({"n": 2}, max_retries=0)
+    queue.fail(_claimed(queue), "boom")
+    assert queue.dead_since(mark) == 1
+    queue.requeue([first.id])  # requeued: no longer needs anyone
+    assert queue.dead_since(mark - timedelta(minutes=1)) == 1
+    with pytest.raises(nbqueue.InvalidArgument):
+        queue.dead_since(datetime.now())  # noqa: DTZ005 - a naive time is refused
+
+
+def _claimed(queue: Queue) -> nbqueue.Job:
+    job = queue.claim()
+    assert job is not None
+    return job

@@ -70,6 +70,7 @@ def to_one_form(text: str, d: Dialect) -> str:
         text = re.sub(r":now\b", "{now}", text)
     text = re.sub(rf"\b{d.same} (?=:|%\()", "{same} ", text)  # before a parameter only
     text = re.sub(rf"\b{d.greatest}\(", "{greatest}(", text)
+    text = re.sub(rf" {d.like} (?=:pattern|%\(pattern)", " {like} ", text)
     text = text.replace(d.tail_error, "{tail_error}")
     for field in ("lock_children", "lock_parents", "spawned_index"):  # spelled as nothing in one dialect
         if spelling := getattr(d, field):

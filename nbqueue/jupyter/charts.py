@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TASKS_DRAWN = 6  # the busiest tasks in the timing panel
-GREEN, RED, BLUE, GREY = "#28a745", "#dc3545", "#0d6efd", "#adb5bd"
+GREEN, RED, BLUE, GREY, AMBER = "#28a745", "#dc3545", "#0d6efd", "#adb5bd", "#fd7e14"
 
 
 def task_timings(history: pd.DataFrame) -> pd.DataFrame:
@@ -45,7 +45,7 @@ def task_timings(history: pd.DataFrame) -> pd.DataFrame:
 
 def board_chart(activity: pd.DataFrame, timings: pd.DataFrame) -> str:
     """The two panels as one SVG (text, no XML prolog), or "" when there is nothing to draw."""
-    if not int(activity[["completed", "failed"]].to_numpy().sum()) and timings.empty:
+    if not int(activity[["completed", "failed", "snoozed"]].to_numpy().sum()) and timings.empty:
         return ""
     import matplotlib  # noqa: PLC0415 - heavy: only when the board draws
     from matplotlib.figure import Figure  # noqa: PLC0415
@@ -69,8 +69,10 @@ def _activity(axes: Any, activity: pd.DataFrame) -> None:
     x = range(len(activity))
     axes.bar(x, activity["completed"], width=0.9, color=GREEN, label="finished")
     axes.bar(x, -activity["failed"], width=0.9, color=RED, label="failed")
+    # Snoozes (a 429, a RetryAfter) spend no attempt, but a storm of them is what a person asks about.
+    axes.bar(x, -activity["snoozed"], bottom=-activity["failed"], width=0.9, color=AMBER, label="snoozed")
     axes.axhline(0, color=GREY, linewidth=0.5)
-    axes.set_title("attempts per minute, last hour (failed below)", fontsize=8, loc="left")
+    axes.set_title("runs per minute, last hour (below: failed, snoozed)", fontsize=8, loc="left")
     ticks = list(range(0, len(activity), 15))
     axes.set_xticks(ticks, [f"{activity.index[i]:%H:%M}" for i in ticks], fontsize=7)
     axes.set_xlim(-0.5, len(activity) - 0.5)

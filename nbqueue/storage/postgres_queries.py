@@ -499,6 +499,7 @@ DIALECT = Dialect(
     # `(...) IS TRUE`, which no index answers: the planner never starts a cascade from every blocked
     # job in the state index (its statistics lag a workflow written a moment ago).
     unindexed="({}) IS TRUE",
+    like="ILIKE",
 )
 SQL = build(
     DIALECT,

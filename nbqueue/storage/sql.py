@@ -29,6 +29,7 @@ from . import (
     Filter,
     NewJob,
     Row,
+    Search,
     StepRecord,
     StoredSchedule,
     cascade,
@@ -541,16 +542,35 @@ class SqlStorage:
         offset: int = 0,
         brief: bool = False,
     ) -> list[JobRow]:
-        params = {
-            "statuses": None if statuses is None else [s.value for s in statuses],
-            "queue": queue,
-            "limit": limit,
-            "offset": offset,
-        }
+        params = {**self._listing(statuses, queue), "limit": limit, "offset": offset}
         return [
             JobRow._make(r)
             for r in self._read(self.sql.ROWS[statuses is not None, queue is not None, brief], params)
         ]
+
+    def search(
+        self,
+        found: Search,
+        statuses: Sequence[State] | None,
+        queue: str | None,
+        limit: int,
+        offset: int = 0,
+        brief: bool = False,
+    ) -> list[JobRow]:
+        params = {**self._listing(statuses, queue), **found.params(), "limit": limit, "offset": offset}
+        statement = self.sql.SEARCH[statuses is not None, queue is not None, brief]
+        return [JobRow._make(r) for r in self._read(statement, params)]
+
+    def count_found(self, found: Search, statuses: Sequence[State] | None, queue: str | None) -> int:
+        params = {**self._listing(statuses, queue), **found.params()}
+        return int(self._read(self.sql.SEARCH_COUNT[statuses is not None, queue is not None], params)[0][0])
+
+    def dead_since(self, since: int) -> int:
+        return int(self._read(self.sql.DEAD_SINCE, {"since": since})[0][0])
+
+    @staticmethod
+    def _listing(statuses: Sequence[State] | None, queue: str | None) -> Params:
+        return {"statuses": None if statuses is None else [s.value for s in statuses], "queue": queue}
 
     def queues(self) -> list[str]:
         return [str(r[0]) for r in self._read(self.sql.QUEUES)]

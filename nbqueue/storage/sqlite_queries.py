@@ -428,6 +428,7 @@ DIALECT = Dialect(
     lock_children="",
     lock_parents="",
     unindexed="{}",
+    like="LIKE",  # ASCII letters match either case (a search's LIKE, not case_sensitive_like)
 )
 _STATUS_IN = "status IN (SELECT value FROM json_each(:statuses))"
 SQL = build(

@@ -73,6 +73,7 @@ class Dialect:
     lock_children: str  # locks a cascade's children (c) while it counts them down
     lock_parents: str  # holds a re-armed job's parents (p) while it is settled
     unindexed: str  # a state test that no index answers (a cascade starts from its edges)
+    like: str  # a case-insensitive LIKE
 
     def render(self, text: str) -> str:
         """A neutral statement in this dialect's spelling (once, at import)."""
@@ -128,6 +129,9 @@ class Statements(Written):
     RUNNING_ON: str
     CLAIMS: str
     ROWS: dict[tuple[bool, bool, bool], str]  # (by status, by queue, brief) -> statement
+    SEARCH: dict[tuple[bool, bool, bool], str]  # the same, of the jobs a search finds
+    SEARCH_COUNT: dict[tuple[bool, bool], str]  # (by status, by queue) -> how many it finds
+    DEAD_SINCE: str
     TASK_NAMES: str
     PENDING_PER_TASK: str
     # a claim's outcome
@@ -231,6 +235,9 @@ NEW_COLUMNS = (
     *("timeout", "backoff", "signature", "limits", "gate"),
 )
 JOB_COLUMNS = ", ".join(COLUMNS)
+#: The text a search looks in (storage.sql.search): the task's name, key, arguments, error, output
+#: and result.
+SEARCHED_COLUMNS = ("task", "key", "payload", "error", "output", "result")
 LIVE_CLAIM = "id = :id AND status = 'running' AND attempts = :attempt"
 # What a listing shows: no payload, result or output, and only the end of the error text.
 _BRIEF = {"payload": "'null'", "result": "NULL", "output": "NULL"}
@@ -279,6 +286,17 @@ def build(d: Dialect, w: Written) -> Statements:
         (True, True): f"WHERE {status_in_list} AND queue = :queue",
     }
     page = "ORDER BY id DESC LIMIT :limit OFFSET :offset"
+    also = {filters: clause.replace("WHERE", " AND") for filters, clause in where.items()}
+    text_holds = " OR ".join(f"{c} {d.like} :pattern::text ESCAPE '!'" for c in SEARCHED_COLUMNS)
+    newest = "id > (SELECT id FROM nbqueue_jobs ORDER BY id DESC LIMIT 1) - :scanned::bigint"
+
+    def found(columns: str, clause: str) -> str:
+        return (
+            f"SELECT {columns} FROM nbqueue_jobs WHERE id = :id::bigint{clause} UNION "
+            f"SELECT {columns} FROM nbqueue_jobs WHERE :pattern::text IS NOT NULL AND {newest} AND ({text_holds})"
+            f"{clause}"
+        )
+
     attempt_of = "SELECT 1 FROM nbqueue_jobs WHERE id = :id AND attempts = :attempt AND status"
     own: dict[str, Any] = {f.name: r(getattr(w, f.name)) for f in fields(Written)}
     return Statements(
@@ -306,6 +324,17 @@ def build(d: Dialect, w: Written) -> Statements:
             for filters, clause in where.items()
             for short in (False, True)
         },
+        # A search: the job of that id, and the newest `scanned` jobs whose text holds the pattern.
+        SEARCH={
+            (*filters, short): r(f"{found(brief if short else JOB_COLUMNS, clause)} {page}")
+            for filters, clause in also.items()
+            for short in (False, True)
+        },
+        SEARCH_COUNT={
+            filters: r(f"SELECT count(*) FROM ({found('id', clause)}) AS found")
+            for filters, clause in also.items()
+        },
+        DEAD_SINCE=r("SELECT count(*) FROM nbqueue_jobs WHERE status = 'dead' AND finished_at > :since"),
         TASK_NAMES=r(
             f"SELECT DISTINCT task FROM nbqueue_jobs WHERE task IS NOT NULL AND {status_in_list} "
             "AND (signature IS NOT NULL OR NOT :signed) ORDER BY task"
@@ -391,7 +420,8 @@ def build(d: Dialect, w: Written) -> Statements:
         # Attempts that ended since then, per minute: read by the finished_at index only.
         ACTIVITY=r(
             "SELECT finished_at / 60000000, sum(CASE WHEN outcome = 'completed' THEN 1 ELSE 0 END), "
-            f"sum(CASE WHEN {FAILED_OUTCOMES_SQL} THEN 1 ELSE 0 END) FROM nbqueue_attempts "
+            f"sum(CASE WHEN {FAILED_OUTCOMES_SQL} THEN 1 ELSE 0 END), "
+            "sum(CASE WHEN outcome IN ('snoozed', 'released') THEN 1 ELSE 0 END) FROM nbqueue_attempts "
             "WHERE finished_at >= :since AND finished_at IS NOT NULL GROUP BY 1"
         ),
         FAILURES=r(

@@ -367,7 +367,7 @@ def test_the_board_draws_its_chart(queue: Queue, board_of: Any) -> None:
     assert board.chart.value == ""
     board.draw_chart()
     assert "<svg" in board.chart.value
-    assert "attempts per minute" in board.chart.value  # text kept as text in the SVG
+    assert "runs per minute" in board.chart.value  # text kept as text in the SVG
 
 
 def test_the_board_draws_its_chart_by_itself(queue: Queue, board_of: Any) -> None:

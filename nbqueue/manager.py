@@ -54,8 +54,8 @@ from .storage import (
     ClaimRequest,
     Completion,
     Filter,
-    Search,
     Row,
+    Search,
     Storage,
 )
 from .trust import Trust

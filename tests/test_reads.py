@@ -3,10 +3,13 @@ agrees with the DataFrame a person reads, and refuses bad input by name."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 import nbqueue
 from nbqueue import Queue, State
+from nbqueue.storage import Search
 
 
 def test_graph_rows_and_relatives_agree_with_the_graph(queue: Queue) -> None:
@@ -152,8 +155,6 @@ def test_a_search_finds_jobs_by_id_task_key_arguments_error_and_output(queue: Qu
 
 
 def test_a_search_reads_only_the_newest_jobs_but_any_id(queue: Queue) -> None:
-    from nbqueue.storage import Search  # noqa: PLC0415
-
     old = queue.enqueue({"word": "needle"})
     newer = [queue.enqueue({"n": n}) for n in range(3)]
     new = queue.enqueue({"word": "needle"})
@@ -166,8 +167,6 @@ def test_a_search_reads_only_the_newest_jobs_but_any_id(queue: Queue) -> None:
 
 
 def test_dead_since_counts_the_jobs_that_died_after_a_time(queue: Queue) -> None:
-    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
-
     first = queue.enqueue({"n": 1}, max_retries=0)
     queue.fail(_claimed(queue), "boom")
     mark = datetime.now(UTC)
@@ -178,7 +177,7 @@ def test_dead_since_counts_the_jobs_that_died_after_a_time(queue: Queue) -> None
     queue.requeue([first.id])  # requeued: no longer needs anyone
     assert queue.dead_since(mark - timedelta(minutes=1)) == 1
     with pytest.raises(nbqueue.InvalidArgument):
-        queue.dead_since(datetime.now())  # noqa: DTZ005 - a naive time is refused
+        queue.dead_since(datetime.now())  # a naive time is refused
 
 
 def _claimed(queue: Queue) -> nbqueue.Job:

@@ -293,8 +293,8 @@ def build(d: Dialect, w: Written) -> Statements:
     def found(columns: str, clause: str) -> str:
         return (
             f"SELECT {columns} FROM nbqueue_jobs WHERE id = :id::bigint{clause} UNION "
-            f"SELECT {columns} FROM nbqueue_jobs WHERE :pattern::text IS NOT NULL AND {newest} AND ({text_holds})"
-            f"{clause}"
+            f"SELECT {columns} FROM nbqueue_jobs WHERE :pattern::text IS NOT NULL AND {newest} "
+            f"AND ({text_holds}){clause}"
         )
 
     attempt_of = "SELECT 1 FROM nbqueue_jobs WHERE id = :id AND attempts = :attempt AND status"

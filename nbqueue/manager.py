@@ -50,12 +50,12 @@ from .payload import check_output, error_text
 from .periodic import STORED_PREFIX, Periodic, Periodics
 from .records import AttemptRow, LimitRow
 from .retry import Backoff
+from .search import Search
 from .storage import (
     ClaimRequest,
     Completion,
     Filter,
     Row,
-    Search,
     Storage,
 )
 from .trust import Trust

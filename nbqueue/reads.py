@@ -18,7 +18,7 @@ from .jobs import Job, State
 from .links import GRAPH_LIMIT
 from .options import check_name, names, queue_names
 from .records import StepRow
-from .storage import Search
+from .search import Search
 
 if TYPE_CHECKING:
     import pandas as pd

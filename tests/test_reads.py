@@ -9,7 +9,7 @@ import pytest
 
 import nbqueue
 from nbqueue import Queue, State
-from nbqueue.storage import Search
+from nbqueue.search import Search
 
 
 def test_graph_rows_and_relatives_agree_with_the_graph(queue: Queue) -> None:

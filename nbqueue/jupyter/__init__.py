@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import tracebacks
 from ..errors import MissingDependency
+from ..workflows import Workflow
 
 _sessions: dict[int, Any] = {}  # id(shell) -> Session: loading twice must not start twice
 
@@ -31,6 +32,8 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(NbqueueMagics(ipython, session))
     ipython.events.register("post_run_cell", session.after_cell)  # functions defined after %worker start
     tracebacks.name_files(session.cell_name)  # a job's traceback says "Cell In[17]", as IPython does
+    # A workflow shown by a cell is its live graph (without the extension: a drawing as it stands).
+    ipython.display_formatter.ipython_display_formatter.for_type(Workflow, session.show_workflow)
     atexit.register(session.shutdown)  # kernel shutdown stops the worker cleanly
 
 
@@ -42,6 +45,7 @@ def unload_ipython_extension(ipython: Any) -> None:
         with contextlib.suppress(ValueError):
             ipython.events.unregister("post_run_cell", session.after_cell)
         tracebacks.forget_namer(session.cell_name)
+        ipython.display_formatter.ipython_display_formatter.type_printers.pop(Workflow, None)
     # Unregister the magics too, so none is left pointing at a stopped session.
     from .magics import NbqueueMagics  # noqa: PLC0415
 

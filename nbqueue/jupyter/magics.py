@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import logging
 import os
@@ -24,6 +25,7 @@ from ..queue import Queue
 from ..targets import ENVIRONMENT
 from ..tasks import Task
 from ..worker import Worker
+from ..workflows import Workflow
 from .render import worker_status_html, worker_status_text
 
 log = logging.getLogger("nbqueue.magics")
@@ -128,6 +130,19 @@ class Session:
         stopped = self.worker.stop(timeout=timeout)
         self.worker = None
         return stopped
+
+    def show_workflow(self, workflow: Workflow) -> None:
+        """A workflow at the end of a cell: its graph, live (IPython's display hook for it)."""
+        from IPython.display import HTML, display  # noqa: PLC0415
+
+        from .views import GraphView  # noqa: PLC0415 - ipywidgets loads on first view
+
+        if workflow.id is None or workflow.graph is None:  # not written yet: nothing to draw
+            display(HTML(workflow._repr_html_()))  # type: ignore[no-untyped-call]
+            return
+        view = GraphView(None, workflow, rows=functools.partial(workflow.graph, workflow))
+        self.views.append(view)
+        display(view)  # type: ignore[no-untyped-call]
 
     def close_views(self) -> None:
         for view in self.views:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +31,19 @@ def pill(state: State, n: int) -> str:
         f"style='display:inline-block;margin:0 6px 4px 0;padding:2px 10px;border-radius:12px;"
         f"background:{COLOURS[state]};color:white;font-weight:600'>{state.value} {n}</span>"
     )
+
+
+def legend(states: Iterable[State]) -> str:
+    """What a graph's colours mean: a swatch and a name for each state drawn."""
+    drawn = set(states)
+    keys = [
+        f"<span style='display:inline-block;width:10px;height:10px;border-radius:2px;margin:0 3px 0 8px;"
+        f"background:{COLOURS[s]}'></span>{s.value}"
+        for s in State
+        if s in drawn
+    ]
+    style = "font-size:11px;color:#495057"
+    return f"<div class='nbqueue-legend' style='{style}'>{''.join(keys)} · click a job to open it</div>"
 
 
 def ago(when: datetime | None, now: datetime) -> str:

@@ -16,7 +16,7 @@ import traitlets
 
 _ESM = """
 function render({ model, el }) {
-  el.classList.add("nbqueue-table-box");
+  el.classList.add(model.get("box"));
   const draw = () => {
     el.innerHTML = model.get("value");
     mark();
@@ -28,16 +28,17 @@ function render({ model, el }) {
     }
   };
   el.addEventListener("click", (event) => {
-    const row = event.target.closest("tr[data-row-id]");
+    const row = event.target.closest(model.get("rows"));
     if (!row) return;
+    const id = Number(row.dataset.rowId ?? row.dataset.jobId);
     const button = event.target.closest("[data-action]");
     if (button) {
       event.stopPropagation();
-      model.send({ action: button.dataset.action, id: Number(row.dataset.rowId) });
+      model.send({ action: button.dataset.action, id });
       return;
     }
     if (event.target.closest("a")) return;  // a link opens, it does not select
-    model.set("selected", Number(row.dataset.rowId));
+    model.set("selected", id);
     model.save_changes();
     mark();
   });
@@ -47,6 +48,9 @@ function render({ model, el }) {
 }
 export default { render };
 """
+
+#: A detail pane: its graph's nodes and the names of a job's parents and children select them.
+PANE = {"rows": ".nbqueue-node, .nbqueue-family span[data-job-id]", "box": "nbqueue-pane-box"}
 
 # One line per row at any width: fixed layout, text clipped with an ellipsis (the whole
 # text is in the cell's title, and in the detail pane).
@@ -62,6 +66,7 @@ _CSS = """
 .nbqueue-table-box tr.nbqueue-selected { background: #e7f1ff; }
 .nbqueue-table-box tr.nbqueue-section td { font-weight: 700; color: #343a40; padding-top: 4px;
   cursor: default; background: none; }
+.nbqueue-pane-box .nbqueue-node, .nbqueue-pane-box .nbqueue-family span[data-job-id] { cursor: pointer; }
 .nbqueue-table-box button[data-action] { font-size: 11px; line-height: 14px; padding: 0 6px;
   margin-right: 4px; cursor: pointer; border: 1px solid #adb5bd; border-radius: 3px;
   background: #f8f9fa; }
@@ -69,12 +74,15 @@ _CSS = """
 
 
 class ClickTable(anywidget.AnyWidget):  # type: ignore[misc]
-    """An HTML table whose rows (`<tr data-row-id=N>`) select on click."""
+    """An HTML table whose rows (`<tr data-row-id=N>`) select on click; with `rows` and `box`
+    set (PANE), any HTML whose elements of that selector (data-job-id=N) select their job."""
 
     _esm = _ESM
     _css = _CSS
     value = traitlets.Unicode("").tag(sync=True)
     selected = traitlets.Int(0).tag(sync=True)
+    rows = traitlets.Unicode("tr[data-row-id]").tag(sync=True)  # what a click selects
+    box = traitlets.Unicode("nbqueue-table-box").tag(sync=True)  # the class that styles it
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

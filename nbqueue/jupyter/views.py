@@ -7,11 +7,14 @@ Tables are paged in SQL, so a view of a million-job queue stays fast.
 
 from __future__ import annotations
 
+import base64
+import functools
 import html
 import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import ipywidgets as widgets
@@ -19,24 +22,22 @@ import ipywidgets as widgets
 from .. import tasks as registry
 from ..dag import svg
 from ..errors import DamagedJob, NbqueueError
-from ..frames import last_line
-from ..jobs import Job, State, shown_task
+from ..jobs import Job, State
 from ..notebooks import NOTEBOOK_TASK
 from ..queue import Queue
 from ..workflows import Planned, Workflow
+from .deadletters import DeadLetterView
 from .lab import server_root
+from .live import LiveView
 from .render import (
     FAMILY_SHOWN,
     STEP_PREVIEW,
-    DeadGroup,
     attempts_table,
-    dead_groups,
-    error_kind,
     family_html,
-    groups_table,
     held_back_notes,
     job_detail,
     jobs_table,
+    legend,
     limits_line,
     missing_line,
     or_damage,
@@ -45,9 +46,11 @@ from .render import (
     schedules_line,
     steps_html,
 )
-from .table import ClickTable
+from .sign import Sign
+from .table import PANE, ClickTable
 
 log = logging.getLogger("nbqueue.views")
+__all__ = ["DeadLetterView", "GraphView", "JobBoard", "board_picture", "graph_html"]
 
 ALL = "all"
 GRAPH_DRAWN = 300  # jobs of a job's graph the detail pane draws (q.graph has them all)
@@ -60,7 +63,8 @@ def family(queue: Queue, job: Job) -> str:
         return ""
     known = queue.find([*parents[:FAMILY_SHOWN], *children[:FAMILY_SHOWN]])
     note = queue.what_blocks([job]).get(job.id)
-    drawing = svg(queue.graph_rows(job, limit=GRAPH_DRAWN))
+    rows = queue.graph_rows(job, limit=GRAPH_DRAWN)
+    drawing = svg(rows) + legend(j.status for j, _ in rows)
     return family_html(job, parents, children, known, note, drawing)
 
 
@@ -74,52 +78,11 @@ def graph_html(queue: Queue, of: Workflow | Planned | Job | int, title: str = ""
     return svg(queue.graph_rows(of), title)
 
 
-class _LiveView(widgets.VBox):  # type: ignore[misc]
-    """A VBox refreshed by a timer thread until it is closed."""
-
-    def __init__(self, queue: Queue, interval: float, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.queue = queue
-        self.interval = interval
-        self._lock = threading.RLock()
-        self._closed = threading.Event()
-        self._timer: threading.Thread | None = None
-
-    def _start_timer(self) -> None:
-        if self.interval and self._timer is None:
-            self._timer = threading.Thread(target=self._tick, name="nbqueue-view", daemon=True)
-            self._timer.start()
-
-    def _tick(self) -> None:
-        failures = 0
-        while not self._closed.wait(self.interval):
-            try:
-                self.refresh()
-                failures = 0
-            except Exception:  # a view must never kill the kernel's threads
-                failures += 1
-                log.exception("refreshing %s failed", type(self).__name__)
-                if failures >= 5:
-                    return
-
-    def refresh(self) -> None:
-        """Re-read the queue and update the widgets."""
-        raise NotImplementedError
-
-    @property
-    def live(self) -> bool:
-        """True while the refresh timer runs."""
-        return self._timer is not None and self._timer.is_alive()
-
-    def close(self) -> None:
-        """Stop refreshing and close the widgets."""
-        self._closed.set()
-        super().close()
-
-
 RUNNING_SHOWN = 10  # running jobs pinned at the top of the board (the count says how many more)
 CHART_EVERY = 10.0  # seconds between redraws of the board's chart (it reads the last hour)
 CHART_JOBS = 300  # the newest finished jobs the time-in-queue panel reads
+EXPORT_ROWS = 10_000  # rows the board's CSV export holds at most (q.history(limit=) has the rest)
+SEARCH_EVERY = 5.0  # seconds between re-reads of a search while nothing else changes
 
 
 def board_picture(queue: Queue, wanted: Callable[[], bool] = lambda: True) -> str:
@@ -138,7 +101,7 @@ def board_picture(queue: Queue, wanted: Callable[[], bool] = lambda: True) -> st
         return ""
 
 
-class JobBoard(_LiveView):
+class JobBoard(LiveView):
     """Counts per state, the outcome bar, a chart, the running jobs pinned above a paged table of
     the rest (a click on a row opens it), and one job's details with its actions."""
 
@@ -153,7 +116,8 @@ class JobBoard(_LiveView):
         chart: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(queue, interval, **kwargs)
+        super().__init__(interval, **kwargs)
+        self.queue = queue
         self.page_size = page_size
         self.page = 0
         self.chart_wanted = chart
@@ -180,10 +144,15 @@ class JobBoard(_LiveView):
             options=[ALL, *(s.value for s in State)],
             value=status or ALL,
             description="status",
-            layout={"width": "220px"},
+            layout={"width": "200px"},
+            style={"description_width": "44px"},
         )
         self.queue_filter = widgets.Dropdown(
-            options=[ALL], value=ALL, description="queue", layout={"width": "220px"}
+            options=[ALL],
+            value=ALL,
+            description="queue",
+            layout={"width": "200px"},
+            style={"description_width": "44px"},
         )
         if queue_name:  # a queue with no jobs yet is still a valid filter
             self.queue_filter.options = [ALL, queue_name]
@@ -192,6 +161,22 @@ class JobBoard(_LiveView):
         self.newer = widgets.Button(description="Newer", icon="arrow-left", disabled=True, layout=small)
         self.older = widgets.Button(description="Older", icon="arrow-right", layout=small)
         self.page_label = widgets.HTML()
+        self.search = widgets.Text(
+            placeholder="find: id, task, key, error, output…",
+            continuous_update=False,
+            layout={"width": "260px"},
+        )
+        self.jump = widgets.BoundedIntText(
+            value=1,
+            min=1,
+            max=1,
+            description="page",
+            layout={"width": "130px"},
+            style={"description_width": "34px"},
+        )
+        self.export_button = widgets.Button(description="Export CSV", icon="download", layout=small)
+        self.download = widgets.HTML()  # the export's link, once made
+        self.sign = Sign()  # jobs that need a person: badge, tab title, notification
         self.table = ClickTable(layout={"width": "auto"})
         self.cancel_button = widgets.Button(
             description="Cancel job", icon="stop", disabled=True, layout=small
@@ -204,16 +189,22 @@ class JobBoard(_LiveView):
             description="Requeue with current file", icon="file", layout={"width": "auto", "display": "none"}
         )
         self.message = widgets.HTML()
-        self.detail = widgets.HTML(layout={"width": "auto"})
+        self.detail = ClickTable(**PANE, layout={"width": "auto"})  # a click on a graph's job opens it
         self.children = [
-            widgets.HBox([self.title, self.refresh_button], layout={"justify_content": "space-between"}),
+            widgets.HBox(
+                [widgets.HBox([self.title, self.sign]), self.refresh_button],
+                layout={"justify_content": "space-between"},
+            ),
             self.counts_html,
             self.outcome,
             self.chart,
             self.missing_html,
             self.limits_html,
             self.schedules_html,
-            widgets.HBox([self.status_filter, self.queue_filter, self.newer, self.page_label, self.older]),
+            widgets.HBox(
+                [self.status_filter, self.queue_filter, self.search, self.export_button, self.download]
+            ),
+            widgets.HBox([self.newer, self.page_label, self.older, self.jump]),
             self.table,
             widgets.HBox([self.cancel_button, self.requeue_button, self.reload_button, self.message]),
             self.detail,
@@ -223,6 +214,16 @@ class JobBoard(_LiveView):
         self.status_filter.observe(self._filter_changed, names="value")
         self.queue_filter.observe(self._filter_changed, names="value")
         self.table.observe(lambda _change: self._show_detail(), names="selected")
+        self.detail.observe(lambda change: self.select(change["new"]), names="selected")
+        self.search.observe(self._filter_changed, names="value")
+        self.jump.observe(self._jumped, names="value")
+        self.export_button.on_click(lambda _b: self.export())
+        self.sign.on_looked(self.looked)
+        self._seen_at = queue.now()  # the sign counts what went dead after the person last looked
+        self._sign_key: tuple[int, datetime] | None = None
+        self._search_key: tuple[object, ...] | None = None
+        self._searched_at, self._search_took = 0.0, 0.0
+        self._found: tuple[int, list[Job]] = (0, [])  # the last search's count and page
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.cancel_button.on_click(lambda _b: self._act("cancel"))
         self.requeue_button.on_click(lambda _b: self._act("requeue"))
@@ -236,31 +237,104 @@ class JobBoard(_LiveView):
         if self._updating:  # our own refresh changed the options; not the person
             return
         self.page = 0
+        self._search_key = None
+        self.download.value = ""  # an export of the old view would mislead
         self.refresh()
 
     def _turn(self, step: int) -> None:
         self.page = max(0, self.page + step)
         self.refresh()
 
-    def refresh(self) -> None:
-        with self._lock:
-            status = None if self.status_filter.value == ALL else self.status_filter.value
-            queue = None if self.queue_filter.value == ALL else self.queue_filter.value
-            everywhere = self.queue.counts()
-            counts = everywhere if queue is None else self.queue.counts(queue)
-            # Running jobs are pinned above the table when it lists every state; the pages
-            # then hold the rest, newest first.
-            pinned = status is None and counts["running"] > 0
-            shown = [s for s in State if s is not State.RUNNING] if pinned else None
-            running = self.queue.jobs(State.RUNNING, queue, RUNNING_SHOWN, brief=True) if pinned else []
+    def _jumped(self, change: Any) -> None:
+        if not self._updating and change["new"] - 1 != self.page:
+            self.page = max(0, change["new"] - 1)
+            self.refresh()
+
+    def looked(self) -> None:
+        """The person has seen the board: what went dead before now no longer counts as news."""
+        self._seen_at = self.queue.now()
+        self._sign_key = None
+        self.refresh()
+
+    def _listing(self) -> tuple[str | None, str | None, str | None]:
+        status = None if self.status_filter.value == ALL else self.status_filter.value
+        queue = None if self.queue_filter.value == ALL else self.queue_filter.value
+        return status, queue, self.search.value.strip() or None
+
+    def export(self) -> None:
+        """Offer the rows the board lists now (filters and search applied, running jobs too) as a
+        CSV file: `q.history()`'s columns, the newest EXPORT_ROWS at most."""
+        status, queue, search = self._listing()
+        try:
+            frame = self.queue.history(status, queue, EXPORT_ROWS, search=search)
+        except NbqueueError as exc:
+            self.download.value = f"<span style='color:#dc3545'>{html.escape(str(exc))}</span>"
+            return
+        data = base64.b64encode(frame.to_csv(index=False).encode()).decode()
+        cut = (
+            f" (the newest {EXPORT_ROWS:,}: q.history(limit=) for more)" if len(frame) == EXPORT_ROWS else ""
+        )
+        self.download.value = (
+            f"<a class='nbqueue-download' download='nbqueue-jobs.csv' data-rows='{len(frame)}' "
+            f"href='data:text/csv;base64,{data}'>download nbqueue-jobs.csv, {len(frame):,} rows</a>{cut}"
+        )
+
+    def _page_of(
+        self, status: str | None, queue: str | None, search: str | None, counts: dict[str, int], pinned: bool
+    ) -> tuple[int, list[Job]]:
+        """How many jobs the table lists, and the rows of its page (a search is read again only
+        when it changed or now and then: it scans up to a quarter million jobs)."""
+        shown = [s for s in State if s is not State.RUNNING] if pinned else None
+        if search is None:
             if status is not None:
                 matching = counts[status]
             else:
                 matching = sum(counts.values()) - (counts["running"] if pinned else 0)
-            pages = max(1, -(-matching // self.page_size))
-            self.page = min(self.page, pages - 1)
+        else:
+            key = (status, queue, search, self.page)
+            every = max(SEARCH_EVERY, 20 * self._search_took)
+            if key == self._search_key and time.monotonic() - self._searched_at < every:
+                return self._found
+            started = time.monotonic()
+            matching = self.queue.count(status, queue, search)
+            self._search_key, self._searched_at = key, time.monotonic()
+            self._search_took = self._searched_at - started
+        pages = max(1, -(-matching // self.page_size))
+        self.page = min(self.page, pages - 1)
+        offset = self.page * self.page_size
+        rows = self.queue.jobs(shown or status, queue, self.page_size, offset, brief=True, search=search)
+        if search is not None:
+            self._found = (matching, rows)
+        return matching, rows
+
+    def _show_sign(self, dead: int) -> None:
+        """The badge and the tab's title count the jobs that went dead since the person last
+        looked (read again only when the dead count moves)."""
+        key = (dead, self._seen_at)
+        if key == self._sign_key:
+            return
+        before = self.sign.count
+        self._sign_key = key
+        new = self.queue.dead_since(self._seen_at) if dead else 0
+        note = f"{new} job(s) went dead in {self.queue}" if new > before else None
+        self.sign.show(new, f"{new} new dead" if new else "", note)
+
+    def refresh(self) -> None:
+        with self._lock:
+            status, queue, search = self._listing()
+            everywhere = self.queue.counts()
+            counts = everywhere if queue is None else self.queue.counts(queue)
+            self._show_sign(everywhere["dead"])
+            # Running jobs are pinned above the table when it lists every state; the pages
+            # then hold the rest, newest first.
+            pinned = status is None and search is None and counts["running"] > 0
+            running = self.queue.jobs(State.RUNNING, queue, RUNNING_SHOWN, brief=True) if pinned else []
+            try:
+                matching, rows = self._page_of(status, queue, search, counts, pinned)
+            except NbqueueError as exc:
+                matching, rows = 0, []
+                self.message.value = f"<span style='color:#dc3545'>{html.escape(str(exc))}</span>"
             offset = self.page * self.page_size
-            rows = self.queue.jobs(shown or status, queue, self.page_size, offset, brief=True)
             names = [ALL, *self.queue.queues()]
             if queue and queue not in names:
                 names.append(queue)
@@ -303,9 +377,16 @@ class JobBoard(_LiveView):
             )
             first = offset + 1 if rows else 0
             above = f" · {len(running)} running above" if pinned else ""
-            self.page_label.value = f"&nbsp;{first}-{offset + len(rows)} of {matching:,}{above}&nbsp;"
+            found = f" found for “{html.escape(search)}”" if search else ""
+            self.page_label.value = f"&nbsp;{first}-{offset + len(rows)} of {matching:,}{found}{above}&nbsp;"
+            pages = max(1, -(-matching // self.page_size))
             self.newer.disabled = self.page == 0
             self.older.disabled = self.page >= pages - 1
+            self._updating = True
+            try:
+                self.jump.max, self.jump.value = pages, self.page + 1
+            finally:
+                self._updating = False
             self._show_detail()
 
     def _show_missing(self, pending: int, running: int) -> None:
@@ -364,6 +445,7 @@ class JobBoard(_LiveView):
 
     def _show_detail(self) -> None:
         job_id = self.table.selected
+        self.detail.selected = job_id  # a click in the pane on this job again is no change
         listed = next((j for j in [*self.running, *self.rows] if j.id == job_id), None)
         # Its parents and children move too: any change of the counts reads it again.
         key = (job_id, None if listed is None else listed.updated_at, tuple(self.counts.values()))
@@ -411,14 +493,25 @@ class JobBoard(_LiveView):
             self.refresh()
 
 
-class GraphView(_LiveView):
+class GraphView(LiveView):
     """A workflow's graph (or the graph a job belongs to), drawn live: nodes coloured by state."""
 
     def __init__(
-        self, queue: Queue, of: Workflow | Planned | Job | int, *, interval: float = 1.0, **kwargs: Any
+        self,
+        queue: Queue | None,
+        of: Workflow | Planned | Job | int,
+        *,
+        interval: float = 1.0,
+        rows: Callable[[], list[tuple[Job, list[int]]]] | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(queue, interval, **kwargs)
+        super().__init__(interval, **kwargs)
+        if rows is None:
+            if queue is None:
+                raise NbqueueError("a graph view needs its queue, or rows to draw")
+            rows = functools.partial(queue.graph_rows, of)
         self.of = of
+        self.rows = rows  # reads the graph: (job, parent ids) pairs
         name = f"workflow {of.name!r}" if isinstance(of, Workflow) else f"job {getattr(of, 'id', of)}"
         self.title = f"graph of {name}"
         self.drawing = widgets.HTML()
@@ -431,7 +524,7 @@ class GraphView(_LiveView):
 
     def refresh(self) -> None:
         with self._lock:
-            graph = self.queue.graph_rows(self.of)
+            graph = self.rows()
             counts: dict[State, int] = {}
             for job, _ in graph:
                 counts[job.status] = counts.get(job.status, 0) + 1
@@ -443,205 +536,3 @@ class GraphView(_LiveView):
                 self.drawing.value = (
                     f"<div style='overflow:auto;max-height:40em'>{svg(graph, self.title)}</div>"
                 )
-
-
-DEAD_SCANNED = 5_000  # the newest dead jobs the view groups (the header says when there are more)
-
-
-class DeadLetterView(_LiveView):
-    """The dead jobs grouped by error (one Requeue per group), a page of a group's jobs (a click
-    opens one's traceback, your code first), and the actions at the top."""
-
-    def __init__(
-        self,
-        queue: Queue,
-        *,
-        queue_name: str | None = None,
-        interval: float = 2.0,
-        page_size: int = 15,
-        **kw: Any,
-    ) -> None:
-        super().__init__(queue, interval, **kw)
-        self.queue_name = queue_name
-        self.page_size = page_size
-        self.page = 0
-        self.jobs: list[Job] = []  # the jobs listed now: a page of the chosen group, or of all
-        self.groups: list[DeadGroup] = []
-        self._group: tuple[str | None, str] | None = None
-        self._detail_key: tuple[int | None, object] | None = None
-        small = {"width": "auto"}
-        self.header = widgets.HTML()
-        self.requeue_selected = widgets.Button(
-            description="Requeue selected", button_style="primary", layout=small
-        )
-        self.requeue_all = widgets.Button(description="Requeue all", button_style="warning", layout=small)
-        self.reload_selected = widgets.Button(  # shown when a chosen job is a notebook job
-            description="Requeue with current file",
-            button_style="primary",
-            layout={"width": "auto", "display": "none"},
-        )
-        self.delete_selected = widgets.Button(
-            description="Delete selected", button_style="danger", layout=small
-        )
-        self.refresh_button = widgets.Button(description="Refresh", icon="refresh", layout=small)
-        self.message = widgets.HTML()
-        self.groups_table = ClickTable(layout={"width": "auto"})
-        self.table = ClickTable(layout={"width": "auto"})
-        self.newer = widgets.Button(description="Newer", icon="arrow-left", disabled=True, layout=small)
-        self.older = widgets.Button(description="Older", icon="arrow-right", layout=small)
-        self.page_label = widgets.HTML()
-        self.traceback = widgets.HTML(layout={"width": "auto"})
-        # The jobs chosen for "Requeue/Delete selected": a click on a row chooses it; code may
-        # set several (view.select.value = (3, 4)). Kept as a widget, not shown.
-        self.select = widgets.SelectMultiple(options=[])
-        self.children = [
-            self.header,
-            widgets.HBox(
-                [
-                    self.requeue_selected,
-                    self.reload_selected,
-                    self.delete_selected,
-                    self.requeue_all,
-                    self.refresh_button,
-                    self.message,
-                ]
-            ),
-            self.groups_table,
-            widgets.HBox([self.newer, self.page_label, self.older]),
-            self.table,
-            self.traceback,
-        ]
-        self.layout.width = "auto"
-        self.add_class("nbqueue-deadletters")
-        self.requeue_selected.on_click(lambda _b: self._act("requeue", list(self.select.value)))
-        self.requeue_all.on_click(lambda _b: self._act("requeue", None))
-        self.reload_selected.on_click(lambda _b: self._act("reload", list(self.select.value)))
-        self.delete_selected.on_click(lambda _b: self._act("delete", list(self.select.value)))
-        self.refresh_button.on_click(lambda _b: self.refresh())
-        self.newer.on_click(lambda _b: self._turn(-1))
-        self.older.on_click(lambda _b: self._turn(+1))
-        self.groups_table.observe(lambda _c: self._group_chosen(), names="selected")
-        self.groups_table.on_action(self._group_action)
-        self.table.observe(lambda _c: self._row_chosen(), names="selected")
-        self.select.observe(lambda _change: self._show_traceback(), names="value")
-        self.refresh()
-        self._start_timer()
-
-    def _turn(self, step: int) -> None:
-        self.page = max(0, self.page + step)
-        self.refresh()
-
-    def _group_chosen(self) -> None:
-        number = self.groups_table.selected
-        chosen = self.groups[number - 1].key if 0 < number <= len(self.groups) else None
-        if chosen != self._group:
-            self._group, self.page = chosen, 0
-            self.refresh()
-
-    def choose_group(self, number: int) -> None:
-        """List the jobs of group `number` (1 = the first line; 0 lists every dead job)."""
-        self.groups_table.selected = number
-
-    def _row_chosen(self) -> None:
-        job_id = self.table.selected
-        self.select.value = (job_id,) if job_id in {j.id for j in self.jobs} else ()
-
-    def _group_action(self, action: str, number: int) -> None:
-        if 0 < number <= len(self.groups):
-            self._act(action, list(self.groups[number - 1].ids))
-
-    def refresh(self) -> None:
-        with self._lock:
-            scanned = self.queue.jobs(State.DEAD, self.queue_name, DEAD_SCANNED, brief=True)
-            total = self.queue.counts(self.queue_name)["dead"]
-            self.groups = dead_groups(scanned)
-            keys = [g.key for g in self.groups]
-            number = keys.index(self._group) + 1 if self._group in keys else 0
-            if not number:
-                self._group = None
-            listed = (
-                [j for j in scanned if (j.task, error_kind(j.error)) == self._group]
-                if self._group
-                else scanned
-            )
-            pages = max(1, -(-len(listed) // self.page_size))
-            self.page = min(self.page, pages - 1)
-            start = self.page * self.page_size
-            self.jobs = listed[start : start + self.page_size]
-            self.header.value = (
-                f"<b>dead letters</b> <span class='nbqueue-dead-count' data-count='{total}'>{total}</span>"
-                f" in <code>{html.escape(str(self.queue))}</code> · {len(self.groups)} group(s) by error"
-                + (f" (grouping the newest {len(scanned):,})" if total > len(scanned) else "")
-                + (" · click a group to list its jobs" if self.groups else "")
-            )
-            self.groups_table.value = groups_table(self.groups, number)
-            self.groups_table.selected = number
-            ids = {j.id for j in self.jobs}
-            options = [
-                (f"#{j.id} {shown_task(j.task)}: {(last_line(j.error) or '')[:70]}", j.id) for j in self.jobs
-            ]
-            if list(self.select.options) != options:
-                keep = tuple(v for v in self.select.value if v in ids)
-                self.select.options = options
-                self.select.value = keep
-            chosen = self.select.value[0] if self.select.value else 0
-            self.table.value = jobs_table(self.jobs, selected=chosen, progress=False)
-            self.table.selected = chosen
-            group = (
-                f" of {html.escape(shown_task(self._group[0]))} · {html.escape(self._group[1])}"
-                if self._group
-                else ""
-            )
-            first = start + 1 if self.jobs else 0
-            self.page_label.value = f"&nbsp;{first}-{start + len(self.jobs)} of {len(listed):,}{group}&nbsp;"
-            self.newer.disabled = self.page == 0
-            self.older.disabled = self.page >= pages - 1
-            self.requeue_all.disabled = not total
-            self._show_traceback()
-
-    def _show_traceback(self) -> None:
-        chosen = list(self.select.value)
-        for button in (self.requeue_selected, self.delete_selected):
-            button.disabled = not chosen
-        notebook_jobs = {j.id for j in self.jobs if j.task == NOTEBOOK_TASK}
-        self.reload_selected.layout.display = None if notebook_jobs & set(chosen) else "none"
-        listed = next((j for j in self.jobs if chosen and j.id == chosen[0]), None)
-        key = (None, None) if listed is None else (listed.id, listed.updated_at)
-        if key == self._detail_key:  # unchanged: the whole job is read only when it changes
-            return
-        self._detail_key = key
-        try:
-            job = None if listed is None else self.queue.get(listed.id)
-        except DamagedJob:
-            job = listed  # what can be read of it, its damage in its error
-        except NbqueueError:
-            job = None
-        if job is None:
-            self.traceback.value = "<i>select dead jobs to see their tracebacks (click a row)</i>"
-            return
-        self.traceback.value = job_detail(
-            job, attempts=attempts_table(self.queue.attempts(job)), lab_root=server_root()
-        )
-
-    def _act(self, action: str, ids: list[int] | None) -> None:
-        with self._lock:
-            try:
-                if action == "requeue" and ids is None:
-                    if self.queue_name is None:
-                        n = self.queue.requeue(None)
-                    else:  # only this view's queue
-                        dead = self.queue.jobs(State.DEAD, self.queue_name, limit=10**9)
-                        n = self.queue.requeue([j.id for j in dead]) if dead else 0
-                    text = f"requeued {n} job(s)"
-                elif not ids:
-                    text = "select jobs first"
-                elif action in ("requeue", "reload"):
-                    n = self.queue.requeue(ids, reload=action == "reload")
-                    text = f"requeued {n} job(s)" + (" with the current files" if action == "reload" else "")
-                else:
-                    text = f"deleted {self.queue.delete(ids)} job(s)"
-                self.message.value = f"<span class='nbqueue-message'>{html.escape(text)}</span>"
-            except NbqueueError as exc:
-                self.message.value = f"<span style='color:#dc3545'>{html.escape(str(exc))}</span>"
-            self.select.value = ()
-            self.refresh()

@@ -23,13 +23,13 @@ from ..errors import StorageError
 from ..jobs import JobRow, State
 from ..options import held_keys
 from ..records import AttemptRow, LimitRow, RunRow, StepRow
+from ..search import Search
 from . import (
     ClaimRequest,
     Decide,
     Filter,
     NewJob,
     Row,
-    Search,
     StepRecord,
     StoredSchedule,
     cascade,

@@ -286,7 +286,12 @@ def build(d: Dialect, w: Written) -> Statements:
         (True, True): f"WHERE {status_in_list} AND queue = :queue",
     }
     page = "ORDER BY id DESC LIMIT :limit OFFSET :offset"
-    also = {filters: clause.replace("WHERE", " AND") for filters, clause in where.items()}
+    also = {  # the filters after a search's own test
+        (False, False): "",
+        (True, False): f" AND {status_in_list}",
+        (False, True): " AND queue = :queue",
+        (True, True): f" AND {status_in_list} AND queue = :queue",
+    }
     text_holds = " OR ".join(f"{c} {d.like} :pattern::text ESCAPE '!'" for c in SEARCHED_COLUMNS)
     newest = "id > (SELECT id FROM nbqueue_jobs ORDER BY id DESC LIMIT 1) - :scanned::bigint"
 

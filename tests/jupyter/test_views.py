@@ -1035,3 +1035,103 @@ def test_one_attempt_story_for_snoozed_retried_and_requeued_jobs(queue: Queue, b
     assert re.findall(r"<td[^>]*>attempt (\d+)</td>", detail) == ["1", "1"]  # dead, then after the requeue
     table = detail[detail.index("nbqueue-attempts") :]
     assert table.index(">dead<") < table.index("requeued: a fresh start") < table.index(">completed<")
+
+
+# -- search, jump, export, the sign, the graph's click-through -----------------------------------
+
+
+def test_the_search_box_finds_jobs_over_the_whole_queue_in_pages(queue: Queue, board_of: Any) -> None:
+    ids = [queue.enqueue({"url": f"https://example.org/{i}"}).id for i in range(40)]
+    hit = make(queue, "dead", payload={"url": "https://example.org/x"}, error="ConnectionError: doc 8: 503")
+    board = board_of(page_size=15)
+    board.search.value = "doc 8: 503"  # text in an error, on no page the board showed
+    assert [j.id for j in board.rows] == [hit.id]
+    assert "1-1 of 1 found for “doc 8: 503”" in board.page_label.value
+    board.search.value = "example.org/"
+    assert [j.id for j in board.rows] == [hit.id, *ids[::-1][:14]]
+    assert "1-15 of 41 found" in board.page_label.value and board.jump.max == 3
+    board.jump.value = 3  # jump to the last page
+    assert [j.id for j in board.rows] == ids[::-1][29:] and "31-41 of 41" in board.page_label.value
+    board.status_filter.value = "dead"  # a filter applies to the search, and goes back to page 1
+    assert [j.id for j in board.rows] == [hit.id] and board.page == 0
+    board.search.value = f"#{ids[0]}"
+    board.status_filter.value = ALL_STATES
+    assert [j.id for j in board.rows] == [ids[0]]
+    board.search.value = ""  # no search: every job, newest first
+    assert [j.id for j in board.rows] == [hit.id, *ids[::-1][:14]] and "of 41&" in board.page_label.value
+
+
+ALL_STATES = "all"
+
+
+def test_export_offers_the_rows_of_the_view_as_csv(queue: Queue, board_of: Any) -> None:
+    import base64
+    import io
+
+    for i in range(5):
+        queue.enqueue({"n": i}, queue="a" if i % 2 else "b")
+    make(queue, "dead", queue="a", error="ValueError: bad row 3")
+    board = board_of()
+    board.queue_filter.value = "a"
+    board.export()
+    link = board.download.value
+    assert "download nbqueue-jobs.csv, 3 rows" in link
+    data = re.search(r"href='data:text/csv;base64,([^']+)'", link)
+    assert data is not None
+    frame = pd.read_csv(io.StringIO(base64.b64decode(data.group(1)).decode()))
+    expected = queue.history(queue="a")
+    assert frame["id"].tolist() == expected["id"].tolist() and list(frame.columns) == list(expected.columns)
+    board.search.value = "bad row"  # a change of the view takes the old link away
+    assert board.download.value == ""
+    board.export_button.click()
+    assert "1 rows" in board.download.value
+
+
+def test_the_sign_counts_jobs_that_went_dead_since_the_board_was_looked_at(
+    queue: Queue, board_of: Any
+) -> None:
+    make(queue, "dead")  # dead before the board was opened: not news
+    board = board_of()
+    assert (board.sign.count, board.sign.text) == (0, "")
+    serial = board.sign.serial
+    make(queue, "dead")
+    make(queue, "dead")
+    board.refresh()
+    assert (board.sign.count, board.sign.text) == (2, "2 new dead")
+    assert board.sign.serial == serial + 1 and "2 job(s) went dead" in board.sign.note
+    board.refresh()  # nothing new: no second notification
+    assert board.sign.serial == serial + 1
+    board.sign.looked()  # the browser says the person has seen the board
+    assert board.sign.count == 0
+    dead = make(queue, "dead")
+    board.refresh()
+    assert board.sign.count == 1
+    queue.requeue([dead.id])  # requeued: nobody needs to look any more
+    board.refresh()
+    assert board.sign.count == 0
+
+
+def test_a_click_on_a_job_of_the_graph_opens_it(queue: Queue, board_of: Any) -> None:
+    parent = queue.enqueue({"p": 1})
+    child = queue.enqueue({"c": 1}, after=[parent])
+    board = board_of()
+    board.select(child.id)
+    assert f"data-job-id='{parent.id}'" in board.detail.value and "nbqueue-legend" in board.detail.value
+    assert "pending" in board.detail.value and "blocked" in board.detail.value  # the legend's states
+    board.detail.selected = parent.id  # what a click on the parent's node sends
+    assert board.table.selected == parent.id
+    assert f"<div class='nbqueue-detail' data-job-id='{parent.id}'" in board.detail.value
+
+
+def test_a_workflow_shown_by_a_cell_is_its_live_graph(ip: Any) -> None:
+    from nbqueue.jupyter import session
+    from nbqueue.jupyter.views import GraphView
+
+    ip.run_cell("q = %nbqueue wf.db")
+    cell = "with q.workflow('w') as wf:\n    a = q.enqueue({'a': 1})\n    q.enqueue({'b': 1}, after=[a])\nwf"
+    assert ip.run_cell(cell).success
+    [view] = [v for v in session(ip).views if isinstance(v, GraphView)]
+    assert "blocked 1" in view.counts_html.value
+    ip.user_ns["q"].cancel(ip.user_ns["a"].id)  # the parent cancelled: the child upstream_failed
+    view.refresh()  # (its timer does this every second)
+    assert "upstream_failed 1" in view.counts_html.value and "cancelled 1" in view.counts_html.value

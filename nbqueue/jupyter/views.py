@@ -276,7 +276,8 @@ class JobBoard(LiveView):
         )
         self.download.value = (
             f"<a class='nbqueue-download' download='nbqueue-jobs.csv' data-rows='{len(frame)}' "
-            f"href='data:text/csv;base64,{data}'>download nbqueue-jobs.csv, {len(frame):,} rows</a>{cut}"
+            f"href='data:text/csv;base64,{data}'>download nbqueue-jobs.csv, {len(frame):,} row"
+            f"{'' if len(frame) == 1 else 's'}</a>{cut}"
         )
 
     def _page_of(

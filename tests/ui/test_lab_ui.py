@@ -16,6 +16,7 @@ Without /usr/bin/chromium the test is skipped, except under CI, where it fails.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -458,6 +459,8 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
         assert board.locator(".nbqueue-outcome-part[data-state='cancelled']").count() == 1
         browser.check()
         _open_an_executed_notebook(lab, browser, board)
+        _a_sign_while_the_person_looks_elsewhere(lab, browser, board)
+        _search_export_and_the_graph(lab, browser, board, shots)
     except BaseException:
         page.screenshot(path=str(shots / "failure.png"), full_page=True)
         print(f"screenshots in {shots}\n--- jupyter-lab log ---\n{lab.log_tail()}")
@@ -521,3 +524,72 @@ def _open_an_executed_notebook(lab: Lab, browser: Browser, board: Any) -> None:
 def _api(lab: Lab, what: str) -> list[Any]:
     with urllib.request.urlopen(f"{lab.url}/api/{what}", timeout=5) as answer:
         return list(json.loads(answer.read()))
+
+
+# Run in the board's kernel while another tab is in front: a job that dies at once.
+DYING_JOB = "get_ipython().run_line_magic('enqueue', '--retries 0 flaky(7)')"
+BOARD_KERNEL_JS = """(code) => [...window.jupyterapp.shell.widgets('main')]
+    .find((w) => w.context?.path?.endsWith('board.ipynb'))
+    .sessionContext.session.kernel.requestExecute({code}).done"""
+SHOW_BOARD_JS = """() => window.jupyterapp.shell.activateById([...window.jupyterapp.shell.widgets('main')]
+    .find((w) => w.context?.path?.endsWith('board.ipynb')).id)"""
+
+
+def _a_sign_while_the_person_looks_elsewhere(lab: Lab, browser: Browser, board: Any) -> None:
+    """With another tab in front, a job that dies puts "(1)" in the browser tab's title, a badge
+    on the board and a JupyterLab notification; back on the board, they clear."""
+    page = browser.page
+    page.evaluate(SHOW_BOARD_JS)  # what died before (the notebook job) is seen, and clears
+    page.wait_for_function("() => !document.title.startsWith('(')", timeout=15_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('launcher:create')")  # in front
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget?.title.label === 'Launcher'")
+    page.evaluate(BOARD_KERNEL_JS, DYING_JOB)
+    page.wait_for_function("() => document.title.startsWith('(1) ')", timeout=30_000)
+    page.get_by_text("1 job(s) went dead").first.wait_for(timeout=10_000)  # Lab's notification
+    page.evaluate(SHOW_BOARD_JS)
+    badge = board.locator(".nbqueue-badge")
+    assert badge.get_attribute("data-count") in ("1", "0")  # (0 once it has been seen a moment)
+    page.wait_for_function("() => !document.title.startsWith('(')", timeout=15_000)
+    assert badge.get_attribute("data-count") == "0" and not badge.is_visible()
+
+
+def _search_export_and_the_graph(lab: Lab, browser: Browser, board: Any, shots: Path) -> None:
+    """The search box finds a job by its error text over the whole queue; Export CSV downloads
+    the rows shown; a click on a parent in the detail pane's graph opens it."""
+    page = browser.page
+    search = board.locator("input[placeholder^='find']")
+    search.fill("ValueError: bug")  # the failed notebook job's error
+    search.press("Enter")
+    with nbqueue.Queue(str(lab.db)) as q:
+        [found] = q.jobs(search="ValueError: bug")
+        downstream = next(j for j in q.jobs(limit=100) if j.payload == {"after": "flaky(0)"})
+        [parent] = q.relatives(downstream)[0]
+    rows = board.locator("table.nbqueue-jobs tbody tr[data-row-id]")
+    wait_until(lambda: rows.count() == 1, 10, "one job found", every=0.2)
+    assert rows.first.get_attribute("data-row-id") == str(found.id)
+    assert "1-1 of 1 found" in board.inner_text()
+    board.get_by_role("button", name="Export CSV").click()
+    with page.expect_download() as download:
+        board.locator("a.nbqueue-download").click()
+    with open(download.value.path(), newline="") as file:
+        exported = list(csv.DictReader(file))
+    assert [row["id"] for row in exported] == [str(found.id)] and "ValueError: bug" in exported[0]["error"]
+    _save(board, shots, "board-search.png")
+
+    search.fill(f"#{downstream.id}")
+    search.press("Enter")
+    wait_until(lambda: rows.first.get_attribute("data-row-id") == str(downstream.id), 10, "the child found")
+    rows.first.click()
+    node = board.locator(f".nbqueue-detail .nbqueue-node[data-job-id='{parent}']")
+    node.wait_for(timeout=10_000)
+    assert board.locator(".nbqueue-legend").count() == 1
+    node.click()
+    wait_until(
+        lambda: board.locator(".nbqueue-detail").first.get_attribute("data-job-id") == str(parent),
+        10,
+        "the parent opened from the graph",
+    )
+    others = [e for e in browser.errors if not (NO_KERNEL_READ in e and "jupyterlab-manager" in e)]
+    # (the executed notebook, still open in its tab, shows its failing cell's error: not a problem)
+    problems = [p for p in browser.state()["problems"] if "raise ValueError('bug')" not in p]
+    assert not others and not problems, (others, problems)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import os
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -72,6 +73,7 @@ class Queue(Reads):
         self.target = targets.resolve(target)
         #: The door to storage that the Queue, its workers and the job context share.
         self.manager = JobManager(open_storage(self.target, synchronous=synchronous), clock, backoff)
+        self._workers: weakref.WeakSet[Worker] = weakref.WeakSet()  # this Queue's workers in this process
         self.manager.intake.family_limit = family_limit
 
     @property
@@ -482,7 +484,16 @@ class Queue(Reads):
         **options: Any,
     ) -> Worker:
         """Background thread(s) in this process that run this queue's jobs."""
-        return Worker(self, queues=queues, concurrency=concurrency, lease=lease, **options)
+        worker = Worker(self, queues=queues, concurrency=concurrency, lease=lease, **options)
+        self._workers.add(worker)
+        return worker
+
+    def held_in_batches(self) -> set[int]:
+        """The jobs (ids) the database counts running that this Queue's workers in this process
+        are not running: quick jobs are claimed a few at a time and their successes written
+        together, so a batch holds jobs claimed ahead (each starts within 50 ms, or is given
+        back) and jobs finished but not yet written (each written within 50 ms)."""
+        return {job_id for worker in list(self._workers) for job_id in worker.held_in_batches()}
 
     def close(self) -> None:
         """Close the storage's connections."""

@@ -267,6 +267,16 @@ class Worker:
             self._threads = alive
         return released and not alive
 
+    def held_in_batches(self) -> list[int]:
+        """The jobs this worker's batches hold, not running: claimed ahead, or finished and not
+        yet written (see Queue.held_in_batches)."""
+        held: list[int] = []
+        for batch in self.flights.batches():
+            with batch.lock:
+                held.extend(job.id for job in batch.waiting)
+                held.extend(job.id for job, _ in batch.done)
+        return held
+
     def run_until_idle(self, timeout: float | None = None) -> None:
         """Work until nothing this worker can run is due now and nothing runs in it.
 

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from nbqueue import Queue
+from nbqueue.context import current
 
 from .helpers import wait_until
 
@@ -88,3 +89,25 @@ def test_stop_writes_every_success_and_leaves_nothing_claimed(queue: Queue) -> N
     assert counts["running"] == 0
     assert counts["completed"] + counts["pending"] == len(jobs)
     assert counts["completed"] == worker.completed  # every success the worker counted is written
+
+
+def test_the_jobs_a_batch_holds_are_known_as_not_running(queue: Queue) -> None:
+    """The database counts a batch's jobs running from their claim to the write of their
+    success; the Queue tells which of them its workers are not running (the board says so)."""
+    seen: list[tuple[int, set[int], int]] = []
+
+    @queue.task
+    def look(i: int) -> int:
+        here = current()
+        assert here is not None
+        seen.append((here.job.id, queue.held_in_batches(), queue.counts()["running"]))
+        return i
+
+    for i in range(QUICK):
+        look.enqueue(i)
+    queue.worker(lease=30).run_until_idle(timeout=60)
+    assert all(me not in held for me, held, _ in seen)
+    assert any(held for _, held, _ in seen), "no batch ever held a job"
+    # What the database counts running is the one job running and those its batch holds.
+    assert all(running == 1 + len(held) for _, held, running in seen)
+    assert queue.held_in_batches() == set()

@@ -364,6 +364,12 @@ class JobBoard(LiveView):
             self._show_missing(counts["pending"], counts["running"])
             more = counts["running"] - len(running) if pinned else 0  # filtered: they are the rows
             notes = self.queue.what_blocks(rows) | (held_back_notes(rows, limits[0], now) if limits else {})
+            held = self.queue.held_in_batches() if counts["running"] else set()
+            notes |= {
+                job.id: "in this kernel's worker's batch: not running now"
+                for job in running
+                if job.id in held
+            }
             shown_running = [*running, *(row for row in rows if row.status is State.RUNNING)]
             self.table.value = jobs_table(
                 rows,
@@ -377,7 +383,9 @@ class JobBoard(LiveView):
                 else ""
             )
             first = offset + 1 if rows else 0
-            above = f" · {len(running)} running above" if pinned else ""
+            batched = len(held & {job.id for job in running})
+            started = f" ({batched} of them in a batch, not running now)" if batched else ""
+            above = f" · {len(running)} running above{started}" if pinned else ""
             found = f" found for “{html.escape(search)}”" if search else ""
             self.page_label.value = f"&nbsp;{first}-{offset + len(rows)} of {matching:,}{found}{above}&nbsp;"
             pages = max(1, -(-matching // self.page_size))

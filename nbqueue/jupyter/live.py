@@ -31,7 +31,7 @@ class LiveView(widgets.VBox):  # type: ignore[misc]
         failures = 0
         while not self._closed.wait(self.interval):
             try:
-                self.refresh()
+                self.tick()
                 failures = 0
             except Exception:  # a view must never kill the kernel's threads
                 failures += 1
@@ -42,6 +42,10 @@ class LiveView(widgets.VBox):  # type: ignore[misc]
     def refresh(self) -> None:
         """Re-read the queue and update the widgets."""
         raise NotImplementedError
+
+    def tick(self) -> None:
+        """What the timer does each interval: refresh (a view may skip a costly read meanwhile)."""
+        self.refresh()
 
     @property
     def live(self) -> bool:

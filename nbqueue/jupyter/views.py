@@ -237,7 +237,6 @@ class JobBoard(LiveView):
         if self._updating:  # our own refresh changed the options; not the person
             return
         self.page = 0
-        self._search_key = None
         self.download.value = ""  # an export of the old view would mislead
         self.refresh()
 
@@ -280,11 +279,21 @@ class JobBoard(LiveView):
             f"{'' if len(frame) == 1 else 's'}</a>{cut}"
         )
 
+    def _pages(self, matching: int) -> int:
+        return max(1, -(-matching // self.page_size))
+
     def _page_of(
-        self, status: str | None, queue: str | None, search: str | None, counts: dict[str, int], pinned: bool
+        self,
+        status: str | None,
+        queue: str | None,
+        search: str | None,
+        counts: dict[str, int],
+        pinned: bool,
+        reuse: bool,
     ) -> tuple[int, list[Job]]:
-        """How many jobs the table lists, and the rows of its page (a search is read again only
-        when it changed or now and then: it scans up to a quarter million jobs)."""
+        """How many jobs the table lists, and the rows of its page. With `reuse` (the timer's
+        refresh), a search shown a moment ago is not read again: it scans up to a quarter million
+        jobs; it is read again when it changed, now and then, and on any refresh asked for."""
         shown = [s for s in State if s is not State.RUNNING] if pinned else None
         if search is None:
             if status is not None:
@@ -294,14 +303,13 @@ class JobBoard(LiveView):
         else:
             key = (status, queue, search, self.page)
             every = max(SEARCH_EVERY, 20 * self._search_took)
-            if key == self._search_key and time.monotonic() - self._searched_at < every:
+            if reuse and key == self._search_key and time.monotonic() - self._searched_at < every:
                 return self._found
             started = time.monotonic()
             matching = self.queue.count(status, queue, search)
             self._search_key, self._searched_at = key, time.monotonic()
             self._search_took = self._searched_at - started
-        pages = max(1, -(-matching // self.page_size))
-        self.page = min(self.page, pages - 1)
+        self.page = min(self.page, self._pages(matching) - 1)
         offset = self.page * self.page_size
         rows = self.queue.jobs(shown or status, queue, self.page_size, offset, brief=True, search=search)
         if search is not None:
@@ -320,7 +328,12 @@ class JobBoard(LiveView):
         note = f"{new} job(s) went dead in {self.queue}" if new > before else None
         self.sign.show(new, f"{new} new dead" if new else "", note)
 
-    def refresh(self) -> None:
+    def tick(self) -> None:
+        self.refresh(reuse_search=True)
+
+    def refresh(self, reuse_search: bool = False) -> None:
+        """Re-read the queue and update the widgets (`reuse_search`: keep a search's rows read a
+        moment ago, as the timer does)."""
         with self._lock:
             status, queue, search = self._listing()
             everywhere = self.queue.counts()
@@ -331,7 +344,7 @@ class JobBoard(LiveView):
             pinned = status is None and search is None and counts["running"] > 0
             running = self.queue.jobs(State.RUNNING, queue, RUNNING_SHOWN, brief=True) if pinned else []
             try:
-                matching, rows = self._page_of(status, queue, search, counts, pinned)
+                matching, rows = self._page_of(status, queue, search, counts, pinned, reuse_search)
             except NbqueueError as exc:
                 matching, rows = 0, []
                 self.message.value = f"<span style='color:#dc3545'>{html.escape(str(exc))}</span>"
@@ -364,12 +377,8 @@ class JobBoard(LiveView):
             self._show_missing(counts["pending"], counts["running"])
             more = counts["running"] - len(running) if pinned else 0  # filtered: they are the rows
             notes = self.queue.what_blocks(rows) | (held_back_notes(rows, limits[0], now) if limits else {})
-            held = self.queue.held_in_batches() if counts["running"] else set()
-            notes |= {
-                job.id: "in this kernel's worker's batch: not running now"
-                for job in running
-                if job.id in held
-            }
+            held = self.queue.held_in_batches() & {job.id for job in running} if running else set()
+            notes |= dict.fromkeys(held, "in this kernel's worker's batch: not running now")
             shown_running = [*running, *(row for row in rows if row.status is State.RUNNING)]
             self.table.value = jobs_table(
                 rows,
@@ -383,12 +392,11 @@ class JobBoard(LiveView):
                 else ""
             )
             first = offset + 1 if rows else 0
-            batched = len(held & {job.id for job in running})
-            started = f" ({batched} of them in a batch, not running now)" if batched else ""
+            started = f" ({len(held)} of them in a batch, not running now)" if held else ""
             above = f" · {len(running)} running above{started}" if pinned else ""
             found = f" found for “{html.escape(search)}”" if search else ""
             self.page_label.value = f"&nbsp;{first}-{offset + len(rows)} of {matching:,}{found}{above}&nbsp;"
-            pages = max(1, -(-matching // self.page_size))
+            pages = self._pages(matching)
             self.newer.disabled = self.page == 0
             self.older.disabled = self.page >= pages - 1
             self._updating = True

@@ -1055,13 +1055,10 @@ def test_the_search_box_finds_jobs_over_the_whole_queue_in_pages(queue: Queue, b
     board.status_filter.value = "dead"  # a filter applies to the search, and goes back to page 1
     assert [j.id for j in board.rows] == [hit.id] and board.page == 0
     board.search.value = f"#{ids[0]}"
-    board.status_filter.value = ALL_STATES
+    board.status_filter.value = "all"
     assert [j.id for j in board.rows] == [ids[0]]
     board.search.value = ""  # no search: every job, newest first
     assert [j.id for j in board.rows] == [hit.id, *ids[::-1][:14]] and "of 41&" in board.page_label.value
-
-
-ALL_STATES = "all"
 
 
 def test_export_offers_the_rows_of_the_view_as_csv(queue: Queue, board_of: Any) -> None:
@@ -1135,3 +1132,17 @@ def test_a_workflow_shown_by_a_cell_is_its_live_graph(ip: Any) -> None:
     ip.user_ns["q"].cancel(ip.user_ns["a"].id)  # the parent cancelled: the child upstream_failed
     view.refresh()  # (its timer does this every second)
     assert "upstream_failed 1" in view.counts_html.value and "cancelled 1" in view.counts_html.value
+
+
+def test_the_timer_keeps_a_search_read_a_moment_ago_and_refresh_reads_it_again(
+    queue: Queue, board_of: Any
+) -> None:
+    first = queue.enqueue({"word": "needle"})
+    board = board_of()
+    board.search.value = "needle"
+    assert [j.id for j in board.rows] == [first.id]
+    second = queue.enqueue({"word": "needle"})
+    board.tick()  # the timer: a search scans up to 250,000 jobs, so not every second
+    assert [j.id for j in board.rows] == [first.id]
+    board.refresh_button.click()  # asked for: read again
+    assert [j.id for j in board.rows] == [second.id, first.id]

@@ -1,12 +1,11 @@
-"""A sign that work needs a person while they look elsewhere: a badge on the board, a count in
-the browser tab's title, and a JupyterLab notification.
+"""A sign that work needs a person while they look elsewhere: a badge on the board and a count
+in the browser tab's title.
 
-The kernel sets `count` (jobs that went dead since the board was last looked at) and `note`
-(a notification to show once; a new `serial` shows it again). The browser tells the kernel
-when the board has been in view, in a visible tab, for a moment: "looked at" resets the count.
-The notification uses JupyterLab's own `apputils:notify` command through its command linker
-(a click on an element that names the command), so no server extension is needed; outside
-JupyterLab the badge and the title still work.
+The kernel sets `count` (jobs that went dead since the board was last looked at) and `text`.
+The browser tells the kernel when the board has been in view, in a visible tab, for a moment:
+"looked at" resets the count. No JupyterLab notification: a widget reaches Lab's commands only
+through its command linker, which asks "Run Command?" whenever the document in front is not
+trusted (an executed notebook just opened, say); a dialog is worse than no toast.
 """
 
 from __future__ import annotations
@@ -47,19 +46,6 @@ function render({ model, el }) {
       timer = setTimeout(() => { if (seen()) model.send({ looked: true }); }, LOOKED_MS);
     }
   };
-  const notify = () => {
-    const message = model.get("note");
-    if (!message || seen()) return;
-    const link = document.createElement("span");
-    link.style.display = "none";
-    link.dataset.commandlinkerCommand = "apputils:notify";
-    link.dataset.commandlinkerArgs = JSON.stringify({
-      message, type: "error", options: { autoClose: false },
-    });
-    document.body.appendChild(link);
-    link.click();  // JupyterLab's command linker runs the command; elsewhere nothing happens
-    link.remove();
-  };
   const observer = new IntersectionObserver((entries) => {
     inView = entries.some((e) => e.isIntersecting);
     watch();
@@ -71,7 +57,6 @@ function render({ model, el }) {
   document.addEventListener("visibilitychange", watch);
   model.on("change:count", () => { draw(); watch(); });
   model.on("change:text", draw);
-  model.on("change:serial", notify);
   draw();
   return () => {
     observer.disconnect();
@@ -91,14 +76,12 @@ _CSS = """
 
 
 class Sign(anywidget.AnyWidget):  # type: ignore[misc]
-    """A badge, the tab title's count and a notification; `on_looked` hears that the person saw it."""
+    """A badge and the tab title's count; `on_looked` hears that the person saw it."""
 
     _esm = _ESM
     _css = _CSS
     count = traitlets.Int(0).tag(sync=True)
     text = traitlets.Unicode("").tag(sync=True)
-    note = traitlets.Unicode("").tag(sync=True)
-    serial = traitlets.Int(0).tag(sync=True)  # a new value shows `note` as a notification
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -114,12 +97,9 @@ class Sign(anywidget.AnyWidget):  # type: ignore[misc]
         for callback in self._looked:
             callback()
 
-    def show(self, count: int, text: str, note: str | None = None) -> None:
-        """Set the count and the badge's text; with `note`, notify once."""
+    def show(self, count: int, text: str) -> None:
+        """Set the count and the badge's text."""
         self.count, self.text = count, text
-        if note:
-            self.note = note
-            self.serial += 1
 
     def _message(self, _widget: Any, content: Any, _buffers: Any) -> None:
         if isinstance(content, dict) and content.get("looked") is True:

@@ -176,7 +176,7 @@ class JobBoard(LiveView):
         )
         self.export_button = widgets.Button(description="Export CSV", icon="download", layout=small)
         self.download = widgets.HTML()  # the export's link, once made
-        self.sign = Sign()  # jobs that need a person: badge, tab title, notification
+        self.sign = Sign()  # jobs that need a person: a badge, the tab title's count
         self.table = ClickTable(layout={"width": "auto"})
         self.cancel_button = widgets.Button(
             description="Cancel job", icon="stop", disabled=True, layout=small
@@ -322,11 +322,9 @@ class JobBoard(LiveView):
         key = (dead, self._seen_at)
         if key == self._sign_key:
             return
-        before = self.sign.count
         self._sign_key = key
         new = self.queue.dead_since(self._seen_at) if dead else 0
-        note = f"{new} job(s) went dead in {self.queue}" if new > before else None
-        self.sign.show(new, f"{new} new dead" if new else "", note)
+        self.sign.show(new, f"{new} new dead" if new else "")
 
     def tick(self) -> None:
         self.refresh(reuse_search=True)

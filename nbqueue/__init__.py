@@ -27,6 +27,7 @@ from .errors import (
     StorageError,
     TaskNotFound,
     Unretryable,
+    WaitExpired,
     WaitTimeout,
 )
 from .jobs import Job, Progress, State, Verdict
@@ -35,6 +36,7 @@ from .notebooks import CellFailed, NotebookError, output
 from .queue import Queue
 from .retry import Backoff, RetryAfter
 from .steps import step
+from .suspend import Suspended, sleep, sleep_until, wait_for, wait_for_jobs
 from .tasks import Task
 from .worker import Worker
 from .workflows import Workflow
@@ -73,10 +75,12 @@ __all__ = [
     "SchemaTooNew",
     "State",
     "StorageError",
+    "Suspended",
     "Task",
     "TaskNotFound",
     "Unretryable",
     "Verdict",
+    "WaitExpired",
     "WaitTimeout",
     "Worker",
     "Workflow",
@@ -88,7 +92,11 @@ __all__ = [
     "result_of",
     "results_of",
     "run_sync",
+    "sleep",
+    "sleep_until",
     "step",
+    "wait_for",
+    "wait_for_jobs",
 ]
 
 

@@ -19,12 +19,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import payload as payload_json
 from .errors import InvalidArgument, LeaseLost, NbqueueError, PayloadError, Unretryable
 from .jobs import Job
 from .payload import error_text
+
+if TYPE_CHECKING:
+    from .records import Reached, WaitSpec
 
 THROTTLE = 0.5  # seconds between progress writes: a tight loop must not hammer the database
 
@@ -122,6 +125,10 @@ class JobContext:
     made: dict[str, int] = field(default_factory=dict)  # calls it queued (workflows.origin_of)
     steps: StepBook | None = None  # its durable steps (nbqueue.step); None: steps are plain calls
     save_file: Callable[[str, str], bool] | None = None  # stores a file with the job (notebook jobs)
+    # Reaches a wait (nbqueue.suspend) under the claim; None where waits are not supported.
+    reach: Callable[[WaitSpec], Reached] | None = None
+    waited: set[str] = field(default_factory=set)  # wait and sleep names reached in this run
+    suspended: bool = False  # this run ended in a wait: the job is `waiting`, not failed
     last_write: float = float("-inf")
     last_check: float = float("-inf")
 

@@ -26,6 +26,7 @@ COLOURS = {
     State.DEAD: "#dc3545",
     State.CANCELLED: "#adb5bd",
     State.UPSTREAM_FAILED: "#e685b5",
+    State.WAITING: "#0aa2c0",
 }
 MAX_COLUMN = 12  # jobs drawn per level; the rest become one summary node
 MAX_LEVELS = 100  # levels drawn; every job deeper is in one last summary node

@@ -79,3 +79,8 @@ class Unretryable(NbqueueError):
 
 class MissingDependency(NbqueueError, ImportError):
     """An optional dependency is missing; the message gives the pip command."""
+
+
+class WaitExpired(Unretryable):
+    """A wait (`nbqueue.wait_for`) reached its deadline with nothing sent and no default: never
+    retried (the expiry is recorded, so every later run would expire the same way)."""

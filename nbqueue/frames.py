@@ -18,7 +18,7 @@ from .errors import MissingDependency
 from .jobs import COLUMNS as STORED
 from .jobs import Job, State
 from .limits import format_rate
-from .records import AttemptRow, LimitRow, StepRow
+from .records import AttemptRow, LimitRow, StepRow, WaitRow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -284,5 +284,31 @@ def activity_frame(first: int, minutes: int, counts: dict[int, tuple[int, int, i
         for i, name in enumerate(("completed", "failed", "snoozed"))
     }
     frame = pandas.DataFrame(columns, index=index)
+    result: pd.DataFrame = frame
+    return result
+
+
+def waiting_frame(rows: Sequence[tuple[Job, WaitRow | None, str]]) -> pd.DataFrame:
+    """One row per waiting job (q.waiting): id, task, queue, waits_for (text), name, kind, prompt,
+    choices (a list, or None), deadline (an event's, or a sleep's wake-up), since (suspended)."""
+    pandas = _pandas()
+    frame = pandas.DataFrame(
+        {
+            "id": pandas.array([j.id for j, _, _ in rows], dtype="int64"),
+            "task": pandas.array([j.task for j, _, _ in rows], dtype="string"),
+            "queue": pandas.array([j.queue for j, _, _ in rows], dtype="string"),
+            "waits_for": pandas.array([text for _, _, text in rows], dtype="string"),
+            "name": pandas.array([None if w is None else w.name for _, w, _ in rows], dtype="string"),
+            "kind": pandas.array([None if w is None else w.kind for _, w, _ in rows], dtype="string"),
+            "prompt": pandas.array(
+                [None if w is None or w.kind != "event" else w.prompt for _, w, _ in rows], dtype="string"
+            ),
+            "choices": [None if w is None else stored_value(w.choices) for _, w, _ in rows],
+            "deadline": pandas.to_datetime(
+                [None if w is None else _time(w.deadline) for _, w, _ in rows], utc=True
+            ),
+            "since": pandas.to_datetime([j.updated_at for j, _, _ in rows], utc=True),
+        }
+    )
     result: pd.DataFrame = frame
     return result

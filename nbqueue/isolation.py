@@ -56,12 +56,14 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
+from . import errors
 from . import payload as payload_json
 from .capture import tail
 from .context import JobContext, StepBook, running
-from .errors import InvalidArgument
+from .errors import InvalidArgument, NbqueueError
 from .jobs import Job
 from .policy import Errors, gives_up
+from .records import Reached, WaitSpec
 from .retry import RetryAfter, retry_after
 
 log = logging.getLogger("nbqueue.worker")
@@ -78,6 +80,7 @@ class Ending(StrEnum):
     RAISED = "raised"
     TIMED_OUT = "timed out"
     CANCELLED = "cancelled"
+    SUSPENDED = "suspended"  # it reached a wait: the job is `waiting` (nbqueue.suspend)
 
 
 class Outcome(NamedTuple):
@@ -166,7 +169,12 @@ def run_in_child(
                         stored = steps.write(body["name"], body["value"], body["error"], int(body["started"]))
                     answer.send_bytes(json.dumps({"value": stored}).encode())
                     continue
+                if kind == "wait":  # reached here, under the lease; the child suspends if told to
+                    answer.send_bytes(json.dumps(_reach(context, body)).encode())
+                    continue
                 outcome = _ended(job, kind, body)
+                if context.suspended:
+                    return Outcome(Ending.SUSPENDED, output=outcome.output)
                 return outcome
             if not child.is_alive():
                 child.join()
@@ -196,6 +204,31 @@ def kill_group(pid: int) -> None:
     except ProcessLookupError:  # killed before its setsid(): it has started nothing yet
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _reach(context: JobContext, body: dict[str, Any]) -> dict[str, Any]:
+    """A child's wait, reached by the parent: {"outcome", "value"}, or {"error", "type"} for the
+    child to raise (the same NbqueueError, by name)."""
+    if context.reach is None:
+        return {"error": "waits are not supported here", "type": "NbqueueError"}
+    try:
+        spec = WaitSpec(**{**body["wait"], "jobs": tuple(body["wait"]["jobs"])})
+        reached = context.reach(spec)
+    except NbqueueError as exc:
+        return {"error": str(exc), "type": type(exc).__name__}
+    if reached.outcome in ("suspended", "doomed"):
+        context.suspended = True
+    return reached._asdict()
+
+
+def _reached(answer: dict[str, Any]) -> Reached:
+    """The parent's answer to a child's wait (an NbqueueError it met is raised here)."""
+    if "error" in answer:
+        kind = getattr(errors, str(answer["type"]), NbqueueError)
+        raise (kind if isinstance(kind, type) and issubclass(kind, NbqueueError) else NbqueueError)(
+            answer["error"]
+        )
+    return Reached(str(answer["outcome"]), answer["value"])
 
 
 def _ended(job: Job, kind: str, body: dict[str, Any]) -> Outcome:
@@ -241,10 +274,22 @@ def _decode(data: bytes) -> tuple[str, dict[str, Any]]:
         "returned": {"result": _result, "output": _text_or_none},
         "raised": {"error": _text, "output": _text_or_none, "final": _flag, "snooze": _snooze},
         "unloadable": {"error": _text},
+        "wait": {"wait": _wait},
     }.get(kind)  # type: ignore[arg-type]
     if fields is None or set(message) != {"kind", *fields}:
         raise _BadMessage(f"it sent a JSON message that is not one of nbqueue's: {str(message)[:200]}")
     return str(kind), {name: check(message[name], name) for name, check in fields.items()}
+
+
+def _wait(value: Any, name: str) -> dict[str, Any]:
+    """A child's wait (a WaitSpec as a dict), its fields checked by building one."""
+    if not isinstance(value, dict) or set(value) != {f.name for f in dataclasses.fields(WaitSpec)}:
+        raise _BadMessage(f"{name} is not a wait: {str(value)[:200]}")
+    try:
+        WaitSpec(**{**value, "jobs": tuple(value["jobs"])})
+    except TypeError as exc:
+        raise _BadMessage(f"{name} is not a wait: {exc}") from exc
+    return value
 
 
 def _number(value: Any, name: str) -> float:
@@ -333,9 +378,14 @@ def _child(send: Any, answers: Any, shipped: bytes) -> None:
                 stored: str | None = json.loads(answers.recv_bytes())["value"]  # recorded: go on
             return stored
 
+        def reach(wait: WaitSpec) -> Reached:
+            with asking:
+                post("wait", wait=dataclasses.asdict(wait))
+                return _reached(json.loads(answers.recv_bytes()))
+
         steps = None if recorded is None else StepBook(job.id, lambda: recorded, record)
         try:
-            with running(JobContext(job, report, steps=steps)):
+            with running(JobContext(job, report, steps=steps, reach=reach)):
                 value = fn(*job.args, **job.kwargs)
                 if inspect.iscoroutine(value):  # an async handler: its own loop in the child
                     value = asyncio.run(value)

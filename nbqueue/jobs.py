@@ -31,6 +31,8 @@ class State(StrEnum):
     BLOCKED = "blocked"  # waiting for its parents (after=); never claimed
     # A parent ended dead or cancelled: it never runs (root_cause names that job).
     UPSTREAM_FAILED = "upstream_failed"
+    # Suspended in a wait (nbqueue.wait_for, sleep, wait_for_jobs): holds no worker, never claimed.
+    WAITING = "waiting"
 
 
 class Verdict(StrEnum):
@@ -62,12 +64,16 @@ TRANSITIONS: dict[tuple[State, State], str] = {
     (State.UPSTREAM_FAILED, State.PENDING): "requeue",
     (State.CANCELLED, State.BLOCKED): "requeue",  # requeued while its parents are unfinished
     (State.PENDING, State.BLOCKED): "rearm",  # not started, and a parent it counted came back
+    (State.RUNNING, State.WAITING): "suspend",  # it waits (nbqueue.wait_for, sleep, wait_for_jobs)
+    (State.WAITING, State.PENDING): "wake",  # a send, its deadline or wake-up time, its jobs done
+    (State.WAITING, State.UPSTREAM_FAILED): "doom",  # a job it waits for failed as it may not
+    (State.WAITING, State.CANCELLED): "cancel",
 }
 
 #: States a job can be claimed from.
 CLAIMABLE = (State.PENDING, State.FAILED)
 #: States that hold an idempotency key: the job is not finished yet.
-UNFINISHED = (State.PENDING, State.FAILED, State.RUNNING, State.BLOCKED)
+UNFINISHED = (State.PENDING, State.FAILED, State.RUNNING, State.BLOCKED, State.WAITING)
 #: States a job never leaves by itself.
 FINISHED = (State.COMPLETED, State.DEAD, State.CANCELLED, State.UPSTREAM_FAILED)
 
@@ -101,6 +107,7 @@ _STATE_ORDER = (
     State.FAILED,
     State.BLOCKED,
     State.RUNNING,
+    State.WAITING,
     State.COMPLETED,
     State.DEAD,
     State.CANCELLED,
@@ -172,6 +179,10 @@ class JobSource(Protocol):
 
     def load_file(self, job_id: int, name: str) -> str | None:
         """A file stored with the job (a notebook job's executed notebook), or None."""
+        ...
+
+    def waits_for(self, job_id: int) -> str | None:
+        """What a waiting job waits for, as text (None unless it waits)."""
         ...
 
 
@@ -299,6 +310,15 @@ class Job:
     def children(self) -> list[int]:
         """The ids of the jobs that wait for this one."""
         return self._bound().relatives(self.id)[1]
+
+    @property
+    def waits_for(self) -> str | None:
+        """What this job waits for while `waiting`, as text ("review: a person is asked 'Publish?',
+        answer within 13 d"; "sleep cool-off until 14:05 UTC"; "jobs 5, 6"); None otherwise.
+        Read from the queue: the status as last read decides whether to ask."""
+        if self.status is not State.WAITING:
+            return None
+        return self._bound().waits_for(self.id)
 
     def notebook(self) -> dict[str, Any] | None:
         """A notebook job's executed notebook, read from the database (any machine can): the

@@ -28,6 +28,7 @@ log = logging.getLogger("nbqueue.worker")
 PERIODIC_EVERY = 1.0  # seconds between checks for periodic slots
 RECOVER_EVERY = 2.0  # seconds between recoveries at most: expired leases, and jobs of gone processes
 TIDY_EVERY = 10.0  # seconds between storage housekeeping (PostgreSQL folds its count changes)
+WAKE_EVERY = 0.5  # seconds between looks for waiting jobs whose time has come
 PRUNE_BATCH = 500  # jobs retention deletes per transaction
 PRUNED = (State.COMPLETED,)  # retention prunes completed jobs; dead ones wait for a person
 
@@ -113,6 +114,8 @@ def housekeeping(
         Chore("recover", periods.recover, recover),
         Chore("periodic", periods.periodic, lambda: manager.periodic.tick(tasks())),
         Chore("tidy", periods.tidy, manager.tidy),
+        # Waiting jobs whose deadline or wake-up time came: pending again (within about a second).
+        Chore("wake", WAKE_EVERY, manager.inbox.wake_due),
     ]
     if periods.retention is not None:
         chores.append(Chore("prune", periods.prune, prune))

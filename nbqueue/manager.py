@@ -31,6 +31,7 @@ from .errors import (
     LeaseLost,
     NbqueueError,
 )
+from .inbox import Inbox, describe, open_wait
 from .intake import Intake
 from .jobs import (
     UNFINISHED,
@@ -118,6 +119,8 @@ class JobManager:
         self.admin = Admin(storage, self.trust, self.get, self.get_many)
         #: What a running job keeps with its claim: its durable steps and its files.
         self.journal = Journal(storage)
+        #: What jobs wait for and what is sent to them (nbqueue.suspend).
+        self.inbox = Inbox(storage, self.get_many)
         #: Claims whose worker is gone: expired leases, orphans, silent workers.
         self.lifeline = Lifeline(storage, self.now_us, lambda: self.backoff, lambda job: job.attach(self))
 
@@ -392,6 +395,7 @@ class JobManager:
             still_claimed=lambda: not self.lifeline.lost_claims([job]),
             steps=self.journal.step_book(job),
             save_file=functools.partial(self.journal.save_file, job),
+            reach=functools.partial(self.inbox.reach, job),
         )
 
     def record_progress(self, job: Job, done: float, total: float | None, message: str) -> bool:
@@ -433,6 +437,10 @@ class JobManager:
     def load_file(self, job_id: int, name: str) -> str | None:
         """A file kept with the job, as its Job reads it (JobSource)."""
         return self.journal.load_file(job_id, name)
+
+    def waits_for(self, job_id: int) -> str | None:
+        """What a waiting job waits for, as text (JobSource)."""
+        return describe(open_wait(self.inbox.waits([job_id])), self.now_us())
 
     def relatives(self, job_id: int) -> tuple[list[int], list[int]]:
         """A job's parents and children (ids), as its Job reads them (JobSource)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -376,7 +377,37 @@ class Queue(Reads):
                 self.manager.admin.repin(job, {**job.kwargs, "notebook": current})
         return self.manager.admin.requeue(None if job_ids is None else waiting.job_ids(job_ids))
 
+    def send(self, job: Job | int, name: str, value: Any, *, by: str | None = None) -> bool:
+        """Send `value` (any JSON value) to a job under `name`: what its `nbqueue.wait_for(name)`
+        returns. A job waiting for it is pending at once (True); to a pending or running job the
+        value is kept for its wait (False). Recorded with who sent it (`by`, else the OS user and
+        host) and when.
+
+        Raises:
+            JobNotFound: no such job.
+            InvalidTransition: the job has finished.
+            InvalidArgument: a value was sent under that name already, the wait expired, or the
+                value is not one of its choices.
+        """
+        [one] = waiting.job_ids(job)
+        [woke] = self.manager.inbox.send([one], name, value, by)
+        return woke
+
+    def send_many(self, jobs: Iterable[Job | int], name: str, value: Any, *, by: str | None = None) -> int:
+        """`send` to many jobs in one transaction (the board's "approve all like this"): all or,
+        if one is refused, none. Returns how many it woke."""
+        return sum(self.manager.inbox.send(waiting.job_ids(jobs), name, value, by))
+
     def approve(self, job_ids: int | Job | Iterable[int | Job]) -> int:
+        """Deprecated: `trust` (the board's Approve now answers a person's question: `send`)."""
+        warnings.warn(
+            "q.approve(jobs) is now q.trust(jobs): 'approve' answers a waiting job's question (q.send)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.trust(job_ids)
+
+    def trust(self, job_ids: int | Job | Iterable[int | Job]) -> int:
         """Sign jobs you trust with your secret, so that a signed task (a notebook's code jobs,
         `@q.task(signed=True)`) runs them although another process queued them. How many.
 

@@ -14,10 +14,11 @@ from . import frames, waiting
 from . import tasks as registry
 from .clock import to_us, utc_seconds
 from .errors import InvalidArgument
+from .inbox import describe, open_wait
 from .jobs import Job, State
 from .links import GRAPH_LIMIT
 from .options import check_name, names, queue_names
-from .records import StepRow
+from .records import StepRow, WaitRow
 from .search import Search
 
 if TYPE_CHECKING:
@@ -177,6 +178,36 @@ class Reads:
         if preview is None:
             return self.manager.journal.steps(one)
         return self.manager.journal.step_previews(one, preview)
+
+    # -- jobs that wait ----------------------------------------------------------
+
+    def waiting(self, queue: str | None = None) -> pd.DataFrame:
+        """The jobs that wait (nbqueue.wait_for, sleep, wait_for_jobs), oldest first: id, task,
+        queue, waits_for (text), name, kind ("event", "sleep" or "jobs"), prompt (a question for a
+        person), choices, deadline (an event's, or when a sleep wakes), since (when it began)."""
+        return frames.waiting_frame(self.waiting_rows(queue))
+
+    def waiting_rows(
+        self, queue: str | None = None, limit: int = 10_000
+    ) -> list[tuple[Job, WaitRow | None, str]]:
+        """`waiting()` as (job, its open wait, waits_for text), oldest first, at most `limit`."""
+        jobs = self.manager.jobs(
+            [State.WAITING], None if queue is None else check_name(queue, "queue"), limit, 0
+        )
+        jobs.reverse()
+        rows = self.manager.inbox.waits([j.id for j in jobs])
+        now = self.manager.now_us()
+        found = []
+        for job in jobs:
+            wait = open_wait([r for r in rows if r.job_id == job.id])
+            found.append((job, wait, describe(wait, now)))
+        return found
+
+    def waits(self, job: Job | int) -> list[WaitRow]:
+        """Everything a job waited for and was sent, in the order it reached it: name, kind,
+        prompt, choices, deadline, value, sent_by, sent_at, expired_at, reached_at."""
+        [one] = waiting.job_ids(job)
+        return self.manager.inbox.waits([one])
 
     # -- limits and schedules --------------------------------------------------
 

@@ -4,6 +4,7 @@ microseconds since the epoch, JSON as text."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 
@@ -51,3 +52,43 @@ class RunRow(NamedTuple):
     job_id: int
     finished_at: int | None
     result_mac: str | None
+
+
+class WaitRow(NamedTuple):
+    """What a job waits for, or was sent, under one name (times in microseconds)."""
+
+    job_id: int
+    name: str
+    kind: str | None  #: "event", "sleep" or "jobs"; None while only a value sent ahead is known
+    prompt: str | None  #: an event's question for a person (None: an event for a program)
+    choices: str | None  #: an event's allowed values, a JSON array (None: any value)
+    deadline: int | None  #: an event's deadline, or a sleep's wake-up time
+    value: str | None  #: the JSON value sent, once sent
+    sent_by: str | None
+    sent_at: int | None
+    expired_at: int | None  #: when the wait expired (recorded: every later run sees the same)
+    reached_at: int | None  #: when the job first reached it
+
+
+@dataclass(frozen=True, slots=True)
+class WaitSpec:
+    """A wait a running job reached (nbqueue.suspend), as the storage records it: an event
+    (`wait_for`), a sleep, or jobs (`wait_for_jobs`). Times in microseconds."""
+
+    kind: str  # "event", "sleep" or "jobs"
+    name: str
+    prompt: str | None = None  # an event's question for a person; a jobs wait: the jobs, as text
+    choices: str | None = None  # an event's allowed values: a JSON array
+    timeout_us: int | None = None  # from when first reached: an event's deadline, a sleep's end
+    until_us: int | None = None  # a sleep's wake-up time (sleep_until)
+    jobs: tuple[int, ...] = ()  # a jobs wait's jobs
+    when: str | None = None  # a jobs wait's condition (nbqueue.dependencies.When)
+
+
+class Reached(NamedTuple):
+    """What reaching a wait led to: "value" (the JSON `value`, sent or a sleep's None), "expired",
+    "suspended" (the job now waits), "done" (its jobs are finished as it asked) or "doomed" (a
+    job it waits for failed as it may not: the job is upstream_failed)."""
+
+    outcome: str
+    value: str | None = None

@@ -291,6 +291,8 @@ class Worker:
             while True:
                 # Under the lock: a runner counts itself busy before it claims, so a job is
                 # either seen due here or claimed by a runner seen busy, never neither.
+                if self.flights.idle():
+                    self.manager.inbox.wake_due()  # a waiting job whose time has come is due
                 with self.flights.lock:
                     if self.flights.idle() and not self.manager.due_now(self._filter()):
                         return
@@ -484,6 +486,12 @@ class Worker:
     def _idle_wait(self) -> None:
         wait = self.idle_interval
         try:
+            wakes = self.manager.inbox.next_wake()  # a waiting job's deadline or wake-up time
+            if wakes is not None:
+                if wakes <= self.manager.now_us():  # its time has come: pending now, then claimed
+                    self.manager.inbox.wake_due()
+                    return
+                wait = min(wait, (wakes - self.manager.now_us()) / 1e6)
             due = self.manager.next_due(self._filter())
             if due is not None:
                 now = self.manager.now_us()
@@ -539,10 +547,12 @@ class Worker:
             if not launched:  # ours only if no timeout or stop took it (and no newer claim)
                 owned = self.flights.land(flight)
         output = tail(buffer.getvalue())
-        if context.cancel.is_set() or outcome.ending is Ending.CANCELLED:
+        if context.suspended:  # it waits now (its claim ended with the suspension)
+            outcome = Outcome(Ending.SUSPENDED, output=output)
+        elif context.cancel.is_set() or outcome.ending is Ending.CANCELLED:
             log.info("job %d stopped: cancelled, timed out or released", job.id)
             return
-        if not owned:  # timed out or released meanwhile: the lease is gone
+        if not owned and outcome.ending is not Ending.SUSPENDED:  # timed out or released meanwhile
             log.warning("job %d finished after its claim was given up; result discarded", job.id)
             return
         self._report(job, outcome, output, batch)
@@ -571,6 +581,9 @@ class Worker:
     def _report(self, job: Job, outcome: Outcome, output: str | None, batch: Batch | None = None) -> None:
         """Record the outcome: a success into `batch` (written with its next claim), or at once."""
         value = outcome.value
+        if outcome.ending is Ending.SUSPENDED:
+            log.info("job %d waits (suspended; no worker holds it)", job.id)
+            return
         try:
             if outcome.ending is Ending.RETURNED:
                 try:

@@ -124,6 +124,7 @@ MANAGER = {
     "nbqueue.manager",
     *("nbqueue.intake", "nbqueue.admin", "nbqueue.journal", "nbqueue.periodic", "nbqueue.links"),
     "nbqueue.lifeline",
+    "nbqueue.inbox",
 }
 
 

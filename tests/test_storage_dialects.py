@@ -28,7 +28,7 @@ def used_names() -> dict[str, set[str]]:
     """Every attribute of a Statements read in the storage code: `sql.SQL.X`, `self.sql.X`, `tx.sql.X`,
     or `sql.X` on a local named sql (what the shared verbs bind): {name: modules}."""
     found: dict[str, set[str]] = {}
-    for module in ("sql.py", "cascade.py", "sqlite.py", "postgres.py"):
+    for module in ("sql.py", "cascade.py", "waits.py", "sqlite.py", "postgres.py"):
         for node in ast.walk(ast.parse((STORAGE / module).read_text())):
             if isinstance(node, ast.Attribute) and node.attr.isupper():
                 owner = ast.unparse(node.value)
@@ -46,7 +46,7 @@ def test_both_dialects_define_every_statement_the_storage_runs_and_no_other() ->
             for one in text.values() if isinstance(text, dict) else [text]:
                 assert isinstance(one, str) and one.strip(), name
     # (a name used by a backend from its own query module is not a Statements field: skip those)
-    shared = {"sql.py", "cascade.py"}
+    shared = {"sql.py", "cascade.py", "waits.py"}
     shared_uses = {name for name, modules in used.items() if name in NAMES or modules & shared}
     missing = sorted(shared_uses - set(NAMES))
     assert not missing, f"run by the shared storage but not a statement of both dialects: {missing}"
@@ -72,7 +72,12 @@ def to_one_form(text: str, d: Dialect) -> str:
     text = re.sub(rf"\b{d.greatest}\(", "{greatest}(", text)
     text = re.sub(rf" {d.like} (?=:pattern|%\(pattern)", " {like} ", text)
     text = text.replace(d.tail_error, "{tail_error}")
-    for field in ("lock_children", "lock_parents", "spawned_index"):  # spelled as nothing in one dialect
+    for field in (
+        "lock_children",
+        "lock_parents",
+        "lock_row",
+        "spawned_index",
+    ):  # spelled as nothing in one dialect
         if spelling := getattr(d, field):
             text = text.replace(spelling, "")
     text = text.replace(f" {d.ordered_join} ", " JOIN ")  # (a plain JOIN where the order is free)

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Protocol
 from ..clock import Clock
 from ..errors import InvalidArgument
 from ..jobs import JobRow, State
-from ..records import AttemptRow, LimitRow, RunRow, StepRow
+from ..records import AttemptRow, LimitRow, Reached, RunRow, StepRow, WaitRow, WaitSpec
 from ..search import Search
 
 Row = tuple[Any, ...]
@@ -182,6 +182,29 @@ class Storage(Protocol):
 
     def step_values(self, job_id: int) -> dict[str, str]:
         """The steps a job completed: name -> JSON value."""
+        ...
+
+    def reach_wait(self, job_id: int, attempt: int, wait: WaitSpec) -> Reached:
+        """Under the live claim, in one transaction: what the wait returns now, or the job
+        suspended (running -> waiting, lease released). LeaseLost if the claim is gone."""
+        ...
+
+    def send(self, sends: Sequence[tuple[int, str, str]], by: str) -> list[bool]:
+        """Record each (job id, name, JSON value) in one transaction, waking the jobs that wait
+        for it (True for each woken). JobNotFound, InvalidTransition (a finished job) or
+        InvalidArgument (sent already, expired, outside its choices) write nothing."""
+        ...
+
+    def wake_due(self, limit: int) -> list[int]:
+        """Move up to `limit` waiting jobs whose deadline or wake-up time has come to pending."""
+        ...
+
+    def next_wake(self) -> int | None:
+        """The earliest time a waiting job wakes by itself (None: none does)."""
+        ...
+
+    def waits(self, job_ids: Sequence[int]) -> list[WaitRow]:
+        """What these jobs wait for, and were sent, in the order they reached it."""
         ...
 
     def record_step(self, step: StepRecord) -> str | None:

@@ -15,8 +15,10 @@ from ..jobs import COLUMNS
 from .rules import (
     ANY_STATE_SQL,
     ATTEMPT_ERROR_SQL,
+    ATTEMPT_ERROR_V12_SQL,
     ATTEMPT_OUTCOME_SQL,
     ATTEMPT_OUTCOME_V11_SQL,
+    ATTEMPT_OUTCOME_V12_SQL,
     BRIEF_ERROR,
     CLAIM_ORDER,
     CLAIMABLE_SQL,
@@ -29,14 +31,14 @@ from .rules import (
 )
 from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 SIGNED, NONCE = signed_run("new")
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
 CLOCK = f"c AS (SELECT {NOW} AS now)"
 
 
-def _attempt_function(create: str, outcome: str) -> str:
+def _attempt_function(create: str, outcome: str, error: str = ATTEMPT_ERROR_SQL) -> str:
     """The function that records every attempt (version 8; made again in 11 with its outcome)."""
     return f"""{create} FUNCTION {{s}}.nbqueue_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -46,7 +48,7 @@ def _attempt_function(create: str, outcome: str) -> str:
                     NEW.worker_pid) ON CONFLICT (job_id, attempt) DO NOTHING;
             ELSE
                 UPDATE {{s}}.nbqueue_attempts SET finished_at = NEW.updated_at,
-                    outcome = {outcome}, error = {ATTEMPT_ERROR_SQL}
+                    outcome = {outcome}, error = {error}
                     WHERE job_id = OLD.id AND attempt = OLD.attempts;
             END IF;
             RETURN NULL;
@@ -238,6 +240,21 @@ MIGRATIONS: dict[int, list[str]] = {
     11: [
         "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN failed_as TEXT",
         _attempt_function("CREATE OR REPLACE", ATTEMPT_OUTCOME_V11_SQL),
+    ],
+    # Jobs that wait (the same meaning as SQLite's version 12). The widened CHECK is added NOT
+    # VALID: it holds for every write from now on, and no old row can break it (it allows more).
+    12: [
+        "ALTER TABLE {s}.nbqueue_jobs DROP CONSTRAINT nbqueue_jobs_status_check",
+        f"ALTER TABLE {{s}}.nbqueue_jobs ADD CONSTRAINT nbqueue_jobs_status_check CHECK ({ANY_STATE_SQL}) "
+        "NOT VALID",
+        "CREATE TABLE {s}.nbqueue_waits (job_id BIGINT NOT NULL, name TEXT NOT NULL, kind TEXT, prompt TEXT, "
+        "choices TEXT, deadline BIGINT, value TEXT, sent_by TEXT, sent_at BIGINT, expired_at BIGINT, "
+        "reached_at BIGINT, PRIMARY KEY (job_id, name))",
+        "CREATE INDEX nbqueue_waking ON {s}.nbqueue_jobs (run_at) WHERE status = 'waiting'",
+        "DROP INDEX {s}.nbqueue_key",
+        "CREATE UNIQUE INDEX nbqueue_key ON {s}.nbqueue_jobs (key) "
+        f"WHERE key IS NOT NULL AND {UNFINISHED_SQL}",
+        _attempt_function("CREATE OR REPLACE", ATTEMPT_OUTCOME_V12_SQL, ATTEMPT_ERROR_V12_SQL),
     ],
 }
 
@@ -443,6 +460,7 @@ _FORGET_GONE = (
     "steps AS (DELETE FROM nbqueue_steps WHERE job_id IN (SELECT id FROM gone)), "
     "files AS (DELETE FROM nbqueue_files WHERE job_id IN (SELECT id FROM gone)), "
     "attempts AS (DELETE FROM nbqueue_attempts WHERE job_id IN (SELECT id FROM gone)), "
+    "waits AS (DELETE FROM nbqueue_waits WHERE job_id IN (SELECT id FROM gone)), "
     "parents AS (DELETE FROM nbqueue_edges WHERE parent IN (SELECT id FROM gone)), "
     "children AS (DELETE FROM nbqueue_edges WHERE child IN (SELECT id FROM gone))"
 )
@@ -499,6 +517,7 @@ DIALECT = Dialect(
     # `(...) IS TRUE`, which no index answers: the planner never starts a cascade from every blocked
     # job in the state index (its statistics lag a workflow written a moment ago).
     unindexed="({}) IS TRUE",
+    lock_row=" FOR UPDATE",
     like="ILIKE",
 )
 SQL = build(

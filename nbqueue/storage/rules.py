@@ -90,11 +90,21 @@ ATTEMPT_OUTCOME_V11_SQL = (
     "WHEN new.failed_as IS NOT NULL THEN new.failed_as "
     "WHEN new.status = 'dead' THEN 'dead' ELSE 'failed' END"
 )
+#: As of version 12: a run that ended in a wait (running -> waiting) is "suspended", not an attempt.
+ATTEMPT_OUTCOME_V12_SQL = (
+    f"CASE WHEN new.status = 'waiting' THEN 'suspended' ELSE {ATTEMPT_OUTCOME_V11_SQL} END"
+)
 #: The error an ended attempt keeps (the job's, already capped; none for a success or a hand-back).
 ATTEMPT_ERROR_SQL = (
     "CASE WHEN new.status IN ('completed', 'cancelled') "
     "OR (new.status = 'pending' AND new.snoozes = old.snoozes) THEN NULL ELSE new.error END"
 )
+#: As of version 12: a suspended run keeps no error either.
+ATTEMPT_ERROR_V12_SQL = f"CASE WHEN new.status = 'waiting' THEN NULL ELSE {ATTEMPT_ERROR_SQL} END"
+#: A waiting job's wake-up time (run_at) when only a send or its jobs wake it: 9999-01-01 UTC,
+#: after every real time (the index of waiting jobs by run_at finds the due ones first), and
+#: still a date Python can read.
+NEVER_US = 253_370_764_800_000_000
 
 
 def signed_run(row: str) -> tuple[str, str]:

@@ -22,7 +22,7 @@ from ..clock import Clock, system_clock, to_us
 from ..errors import StorageError
 from ..jobs import JobRow, State
 from ..options import held_keys
-from ..records import AttemptRow, LimitRow, RunRow, StepRow
+from ..records import AttemptRow, LimitRow, Reached, RunRow, StepRow, WaitRow, WaitSpec
 from ..search import Search
 from . import (
     ClaimRequest,
@@ -33,6 +33,7 @@ from . import (
     StepRecord,
     StoredSchedule,
     cascade,
+    waits,
 )
 from .statements import Params, Statements, Tx
 
@@ -198,6 +199,39 @@ class SqlStorage:
         held = self._read(self.sql.STEP_OF, params)  # recorded before (a parallel twin), if the claim lives
         return str(held[0][0]) if held and self._read(self.sql.STILL_CLAIMED, params) else None
 
+    # -- jobs that wait (storage/waits.py) ------------------------------------------
+
+    def reach_wait(self, job_id: int, attempt: int, wait: WaitSpec) -> Reached:
+        stamp = self.stamp()
+        now_us = self.now_us() if stamp is None else stamp
+        reached = self._transaction(lambda tx: waits.reach(tx, job_id, attempt, wait, now_us, stamp))
+        if reached.outcome in ("suspended", "doomed"):
+            self._wake_here()  # a value sent meanwhile, or a failed job's blocked children
+        return reached
+
+    def send(self, sends: Sequence[tuple[int, str, str]], by: str) -> list[bool]:
+        stamp = self.stamp()
+        woken = self._transaction(lambda tx: waits.send(tx, sends, self._text(by) or "", stamp))
+        if any(woken):
+            self._wake_here()
+        return woken
+
+    def wake_due(self, limit: int) -> list[int]:
+        params = {"now": self.stamp(), "limit": limit, "wake": True}
+        rows = self._change(self.sql.WAKE_DUE, params)
+        if rows:
+            self._wake_here()
+        return [int(r[0]) for r in rows]
+
+    def next_wake(self) -> int | None:
+        rows = self._read(self.sql.NEXT_WAKE)
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def waits(self, job_ids: Sequence[int]) -> list[WaitRow]:
+        if not job_ids:
+            return []
+        return [WaitRow._make(r) for r in self._read(self.sql.WAITS, {"ids": list(job_ids)})]
+
     def steps(self, job_id: int) -> list[StepRow]:
         return [StepRow._make(r) for r in self._read(self.sql.STEPS, {"id": job_id})]
 
@@ -228,6 +262,7 @@ class SqlStorage:
             if not tx(sql.REPLAY, {"ids": [job_id], "now": now}):
                 return False  # (also when a lost reply's retry finds it moved already)
             tx(sql.FORGET_STEPS, {"id": job_id, "since": since})
+            tx(sql.FORGET_WAITS, {"id": job_id, "since": since})  # and the waits and sleeps after it
             cascade.rearm(tx, [job_id], now)
             return True
 
@@ -447,6 +482,7 @@ class SqlStorage:
         def work(tx: Tx) -> list[int]:
             moved = sorted(int(r[0]) for r in tx(statement, params))
             if moved:  # the graph comes back with them, in the same transaction
+                tx(sql.FORGET_EXPIRIES, {"ids": moved})  # a fresh start: its waits reached anew
                 cascade.rearm(tx, moved, now)
             return moved
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 from .rules import (
     ANY_STATE_SQL,
     ATTEMPT_ERROR_SQL,
+    ATTEMPT_ERROR_V12_SQL,
     ATTEMPT_OUTCOME_SQL,
     ATTEMPT_OUTCOME_V11_SQL,
+    ATTEMPT_OUTCOME_V12_SQL,
     BRIEF_ERROR,
     CLAIM_ORDER,
     CLAIMABLE_SQL,
@@ -25,7 +27,7 @@ from .rules import (
 )
 from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 # The job columns as of version 5, copied when version 6 rebuilds the table.
 COLS_V5 = (
@@ -279,7 +281,42 @@ MIGRATIONS: dict[int, str] = {
             error = {ATTEMPT_ERROR_SQL} WHERE job_id = old.id AND attempt = old.attempts;
     END;
     """,
+    # Jobs that wait (nbqueue.wait_for, sleep, wait_for_jobs): the state `waiting` (the CHECK on
+    # status is widened in place first, by `widen_states`: no row is rewritten), what each job
+    # waits for and what was sent to it, the due wake-ups found by index, the idempotency key
+    # held while a job waits, and a run that ends in a wait recorded as "suspended".
+    12: f"""
+    CREATE TABLE nbqueue_waits (
+        job_id INTEGER NOT NULL, name TEXT NOT NULL, kind TEXT, prompt TEXT, choices TEXT,
+        deadline INTEGER, value TEXT, sent_by TEXT, sent_at INTEGER, expired_at INTEGER,
+        reached_at INTEGER, PRIMARY KEY (job_id, name)
+    ) WITHOUT ROWID;
+    CREATE INDEX nbqueue_waking ON nbqueue_jobs (run_at) WHERE status = 'waiting';
+    DROP INDEX nbqueue_key;
+    CREATE UNIQUE INDEX nbqueue_key ON nbqueue_jobs (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL};
+    DROP TRIGGER nbqueue_attempt_end;
+    CREATE TRIGGER nbqueue_attempt_end AFTER UPDATE OF status ON nbqueue_jobs
+        WHEN old.status = 'running' AND new.status != 'running' BEGIN
+        UPDATE nbqueue_attempts SET finished_at = new.updated_at, outcome = {ATTEMPT_OUTCOME_V12_SQL},
+            error = {ATTEMPT_ERROR_V12_SQL} WHERE job_id = old.id AND attempt = old.attempts;
+    END;
+    DROP TRIGGER nbqueue_forget;
+    CREATE TRIGGER nbqueue_forget AFTER DELETE ON nbqueue_jobs BEGIN
+        DELETE FROM nbqueue_steps WHERE job_id = old.id;
+        DELETE FROM nbqueue_files WHERE job_id = old.id;
+        DELETE FROM nbqueue_attempts WHERE job_id = old.id;
+        DELETE FROM nbqueue_waits WHERE job_id = old.id;
+        DELETE FROM nbqueue_edges WHERE parent = old.id;
+        DELETE FROM nbqueue_edges WHERE child = old.id;
+    END;
+    """,
 }
+#: The version whose script first needs the state `waiting` allowed by the CHECK on status.
+WIDEN_STATES_AT = 12
+#: The CHECK on status as versions 1 to 11 wrote it ends with this state, and then with it
+#: and `waiting` (SQL string literals: quotes doubled).
+LAST_STATE_BEFORE_12 = "'upstream_failed')"
+WIDENED = "'upstream_failed', 'waiting')"
 
 RETURNING_JOB = f"RETURNING {JOB_COLUMNS}"
 CLAIM_INDEX = "nbqueue_jobs INDEXED BY nbqueue_claim"
@@ -428,6 +465,7 @@ DIALECT = Dialect(
     lock_children="",
     lock_parents="",
     unindexed="{}",
+    lock_row="",
     like="LIKE",  # ASCII letters match either case (a search's LIKE, not case_sensitive_like)
 )
 _STATUS_IN = "status IN (SELECT value FROM json_each(:statuses))"

@@ -74,6 +74,7 @@ class Dialect:
     lock_parents: str  # holds a re-armed job's parents (p) while it is settled
     unindexed: str  # a state test that no index answers (a cascade starts from its edges)
     like: str  # a case-insensitive LIKE
+    lock_row: str  # locks the rows a SELECT reads until the transaction ends
 
     def render(self, text: str) -> str:
         """A neutral statement in this dialect's spelling (once, at import)."""
@@ -201,6 +202,21 @@ class Statements(Written):
     REARM: str
     EDGES_OF: str
     IN_WORKFLOW: str
+    # jobs that wait (storage/waits.py)
+    LOCK_CLAIM: str
+    LOCK_JOB: str
+    WAIT_OF: str
+    REACH: str
+    DROP_SENT: str
+    EXPIRE: str
+    SEND: str
+    SUSPEND: str
+    WAKE_SENT: str
+    WAKE_DUE: str
+    NEXT_WAKE: str
+    WAITS: str
+    FORGET_EXPIRIES: str
+    FORGET_WAITS: str
     # steps and files
     STEP_VALUES: str
     RECORD_STEP: str
@@ -273,11 +289,12 @@ def build(d: Dialect, w: Written) -> Statements:
     )
     chosen = "twin.id IN [:ids::bigint]"
     every_dead = "twin.status = 'dead'"
-    blocked, waiting, doomed = (
-        "c.status = 'blocked'",
+    blocked, waiting, doomed = (  # a job waiting for jobs (wait_for_jobs) counts them down too
+        "(c.status = 'blocked' OR (c.status = 'waiting' AND c.parents_left > 0))",
         "c.status IN ('blocked', 'pending')",
         "c.status = 'upstream_failed'",
     )
+    counting = "status IN ('blocked', 'waiting')"  # what a cascade moves (its rows chosen above)
     status_in_list = "status IN [:statuses::text]"
     where = {
         (False, False): "",
@@ -522,15 +539,15 @@ def build(d: Dialect, w: Written) -> Statements:
             f"SELECT c.id FROM {children} WHERE e.parent IN [:ids::bigint] "
             f"AND {d.unindexed.format(waiting)} ORDER BY c.id{d.lock_children}"
         ),
-        SET_LEFT=r("UPDATE nbqueue_jobs SET parents_left = :left WHERE id = :id AND status = 'blocked'"),
+        SET_LEFT=r(f"UPDATE nbqueue_jobs SET parents_left = :left WHERE id = :id AND {counting}"),
         UNBLOCK=r(
-            "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = "
-            f"{d.greatest}(run_at, {now}), "
-            f"updated_at = {now} WHERE id = :id AND status = 'blocked' RETURNING 1{d.wake}"
+            "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = CASE WHEN "
+            f"status = 'waiting' THEN {now} ELSE {d.greatest}(run_at, {now}) END, "
+            f"updated_at = {now} WHERE id = :id AND {counting} RETURNING 1{d.wake}"
         ),
         DOOM=r(
             "UPDATE nbqueue_jobs SET status = 'upstream_failed', parents_left = :left, root_cause = :root, "
-            f"error = :error, finished_at = {now}, updated_at = {now} WHERE id = :id AND status = 'blocked' "
+            f"error = :error, finished_at = {now}, updated_at = {now} WHERE id = :id AND {counting} "
             "RETURNING has_children"
         ),
         WAITS_FOR=r("SELECT wait_when FROM nbqueue_jobs WHERE id = :id"),
@@ -561,6 +578,62 @@ def build(d: Dialect, w: Written) -> Statements:
             "ORDER BY child, parent"
         ),
         IN_WORKFLOW=r("SELECT id FROM nbqueue_jobs WHERE workflow = :workflow ORDER BY id"),
+        # Jobs that wait: the claim (or the job) locked first, so a send and a suspension of the same
+        # job run one after the other (storage/waits.py says why that loses no wake-up).
+        LOCK_CLAIM=r(f"SELECT 1 FROM nbqueue_jobs WHERE {LIVE_CLAIM} AND lease_until > {now}{d.lock_row}"),
+        LOCK_JOB=r(f"SELECT status FROM nbqueue_jobs WHERE id = :id{d.lock_row}"),
+        WAIT_OF=r(
+            "SELECT kind, choices, deadline, value, expired_at FROM nbqueue_waits WHERE job_id = :id AND "
+            "name = :name"
+        ),
+        # The deadline is fixed when the wait is first reached; a later run keeps it.
+        REACH=r(
+            "INSERT INTO nbqueue_waits (job_id, name, kind, prompt, choices, deadline, reached_at) VALUES "
+            f"(:id, :name, :kind, :prompt::text, :choices::text, :deadline::bigint, {now}) "
+            "ON CONFLICT (job_id, name) DO UPDATE SET kind = excluded.kind, prompt = excluded.prompt, "
+            "choices = excluded.choices, deadline = coalesce(nbqueue_waits.deadline, excluded.deadline), "
+            "reached_at = coalesce(nbqueue_waits.reached_at, excluded.reached_at)"
+        ),
+        DROP_SENT=r(
+            "UPDATE nbqueue_waits SET value = NULL, sent_by = NULL, sent_at = NULL WHERE job_id = :id "
+            "AND name = :name"
+        ),
+        EXPIRE=r(f"UPDATE nbqueue_waits SET expired_at = {now} WHERE job_id = :id AND name = :name"),
+        SEND=r(
+            "INSERT INTO nbqueue_waits (job_id, name, value, sent_by, sent_at) VALUES "
+            f"(:id, :name, :value, :by, {now}) ON CONFLICT (job_id, name) DO UPDATE SET "
+            "value = excluded.value, sent_by = excluded.sent_by, sent_at = excluded.sent_at"
+        ),
+        # Fenced like a completion; the lease, the worker's slot and the limit units (counted from
+        # running jobs) are released with the state.
+        SUSPEND=r(
+            f"UPDATE nbqueue_jobs SET status = 'waiting', run_at = :wake, lease_until = NULL, updated_at = "
+            f"{now}, parents_left = :left, wait_when = coalesce(:when::text, wait_when) WHERE {LIVE_CLAIM} "
+            f"AND lease_until > {now} RETURNING 1"
+        ),
+        WAKE_SENT=r(
+            f"UPDATE nbqueue_jobs SET status = 'pending', run_at = {now}, updated_at = {now} "
+            f"WHERE id = :id AND status = 'waiting' RETURNING 1{d.wake}"
+        ),
+        WAKE_DUE=r(
+            f"UPDATE nbqueue_jobs SET status = 'pending', updated_at = {now} WHERE id IN (SELECT id FROM "
+            f"nbqueue_jobs WHERE status = 'waiting' AND run_at <= {now} ORDER BY run_at LIMIT :limit) "
+            f"AND status = 'waiting' RETURNING id{d.wake}"
+        ),
+        NEXT_WAKE=r("SELECT min(run_at) FROM nbqueue_jobs WHERE status = 'waiting'"),
+        WAITS=r(
+            "SELECT job_id, name, kind, prompt, choices, deadline, value, sent_by, sent_at, expired_at, "
+            "reached_at FROM nbqueue_waits WHERE job_id IN [:ids::bigint] "
+            "ORDER BY job_id, coalesce(reached_at, sent_at), name"
+        ),
+        # A fresh start (requeue) forgets recorded expiries: the wait is reached anew.
+        FORGET_EXPIRIES=r(
+            "UPDATE nbqueue_waits SET expired_at = NULL, deadline = NULL WHERE job_id IN [:ids::bigint] "
+            "AND expired_at IS NOT NULL"
+        ),
+        FORGET_WAITS=r(
+            "DELETE FROM nbqueue_waits WHERE job_id = :id AND coalesce(reached_at, sent_at) >= :since"
+        ),
         STEP_VALUES=r("SELECT name, value FROM nbqueue_steps WHERE job_id = :id AND error IS NULL"),
         # A step is recorded only under the caller's live lease: a stale worker records nothing. A value
         # recorded first stays (a parallel twin gets it); a failure is replaced by the next run's outcome.

@@ -1,0 +1,141 @@
+"""Jobs that wait, inside one write transaction: reaching a wait, and sending a value.
+
+The same decisions for both backends, over the open transaction `tx` (as in
+`storage.cascade`). A wait is reached under the job's live claim: it returns a value
+already there (sent ahead, or recorded by an earlier run), records an expiry, or
+suspends the job (running -> waiting, its lease released). A send records a value and
+wakes the job if it waits for that name.
+
+No wake-up is lost between them: each locks the job's row first (PostgreSQL; SQLite's
+write transactions run one at a time anyway), so a send either commits before the
+suspension reads the wait (and the wait returns its value) or after the job is
+`waiting` (and the send wakes it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from ..dependencies import When, initial
+from ..errors import InvalidArgument, InvalidTransition, JobNotFound, LeaseLost
+from ..jobs import FINISHED, State
+from ..records import Reached, WaitSpec
+from .cascade import doomed_error
+from .rules import NEVER_US
+from .statements import Tx
+
+Claim = dict[str, int | None]  # a claim as statement parameters: id, attempt, now
+
+
+def reach(tx: Tx, job_id: int, attempt: int, wait: WaitSpec, now_us: int, stamp: int | None) -> Reached:
+    """Reach `wait` under the claim (job_id, attempt) at `now_us`; LeaseLost if it is gone."""
+    claim = {"id": job_id, "attempt": attempt, "now": stamp}
+    if not tx(tx.sql.LOCK_CLAIM, claim):
+        raise LeaseLost(
+            f"job {job_id} cannot wait for {wait.name!r}: its claim is gone (timed out, cancelled, or "
+            "taken by another worker)"
+        )
+    if wait.kind == "jobs":
+        return _reach_jobs(tx, claim, wait)
+    key = {"id": job_id, "name": wait.name}
+    found = tx(tx.sql.WAIT_OF, key)
+    kind, _, deadline, value, expired = found[0] if found else (None, None, None, None, None)
+    if kind is not None and kind != wait.kind:
+        raise InvalidArgument(
+            f"job {job_id} used the name {wait.name!r} for a {kind} before; "
+            f"a {wait.kind} needs a name of its own"
+        )
+    record = {**key, "kind": wait.kind, "prompt": wait.prompt, "choices": wait.choices, "now": stamp}
+    if wait.kind == "sleep":
+        if deadline is not None:
+            wake = int(deadline)
+        else:  # the first run fixes the wake-up time
+            wake = wait.until_us if wait.until_us is not None else now_us + (wait.timeout_us or 0)
+        if deadline is None:
+            tx(tx.sql.REACH, {**record, "deadline": wake})
+        return Reached("value", "null") if now_us >= wake else _suspend(tx, claim, wake)
+    if expired is not None:
+        return Reached("expired")
+    if value is not None:
+        if wait.choices is None or json.loads(value) in json.loads(wait.choices):
+            tx(tx.sql.REACH, {**record, "deadline": deadline})
+            return Reached("value", str(value))
+        tx(tx.sql.DROP_SENT, key)  # sent ahead, outside its choices: dropped, the name free again
+    if deadline is None and wait.timeout_us is not None:
+        deadline = now_us + wait.timeout_us
+    tx(tx.sql.REACH, {**record, "deadline": deadline})
+    if deadline is not None and now_us >= int(deadline):
+        tx(tx.sql.EXPIRE, {**key, "now": stamp})
+        return Reached("expired")
+    return _suspend(tx, claim, NEVER_US if deadline is None else int(deadline))
+
+
+def _suspend(tx: Tx, claim: Claim, wake: int, left: int = 0, when: str | None = None) -> Reached:
+    if not tx(tx.sql.SUSPEND, {**claim, "wake": wake, "left": left, "when": when}):
+        raise LeaseLost(f"job {claim['id']} cannot wait: its claim is gone")
+    return Reached("suspended")
+
+
+def _reach_jobs(tx: Tx, claim: Claim, wait: WaitSpec) -> Reached:
+    """`wait_for_jobs`: `after=` decided at run time. The jobs become the job's parents (the
+    edges a graph draws); while some are unfinished it waits, counted down by the cascade that
+    finishes them (storage/cascade.py), in the same transactions."""
+    job_id = int(str(claim["id"]))
+    jobs = sorted(set(wait.jobs))
+    found = tx(tx.sql.LINK_PARENTS, {"ids": jobs})  # marked as having children first: none is missed
+    missing = sorted(set(jobs) - {int(row[0]) for row in found})
+    if missing:
+        raise JobNotFound(f"no job with id {missing[0]}: job {job_id} cannot wait for it")
+    if job_id in jobs:
+        raise InvalidArgument(f"job {job_id} cannot wait for itself")
+    rule = When(wait.when or When.ALL_SUCCEEDED)
+    change = initial(rule, [(int(i), State(s), r) for i, s, r in found])
+    if change.state is State.PENDING:
+        return Reached("done")
+    tx(tx.sql.REACH, {"id": job_id, "name": wait.name, "kind": "jobs", "prompt": wait.prompt,
+                      "choices": None, "deadline": None, "now": claim["now"]})  # fmt: skip
+    for parent in jobs:
+        tx(tx.sql.INSERT_EDGE, {"parent": parent, "child": job_id})
+    _suspend(tx, claim, NEVER_US, change.left, rule.value)
+    if change.state is State.UPSTREAM_FAILED:  # one failed as it may not: never runs again
+        root = change.root or job_id
+        states = {int(i): State(s) for i, s, _ in found}
+        error = doomed_error(root, states.get(root, State.DEAD))
+        tx(tx.sql.DOOM, {"id": job_id, "left": 0, "root": root, "error": error, "now": claim["now"]})
+        return Reached("doomed")
+    return Reached("suspended")
+
+
+def send(tx: Tx, sends: Sequence[tuple[int, str, str]], by: str, stamp: int | None) -> list[bool]:
+    """Record each (job id, name, JSON value); True for each job it woke."""
+    woken = []
+    for job_id, name, value in sends:
+        rows = tx(tx.sql.LOCK_JOB, {"id": job_id})
+        if not rows:
+            raise JobNotFound(f"no job with id {job_id}")
+        status = State(rows[0][0])
+        if status in FINISHED:
+            raise InvalidTransition(
+                f"job {job_id} is {status.value}: a value can be sent only to a job that has not finished"
+            )
+        key = {"id": job_id, "name": name}
+        found = tx(tx.sql.WAIT_OF, key)
+        kind, choices, _, sent, expired = found[0] if found else (None, None, None, None, None)
+        if kind in ("sleep", "jobs"):
+            raise InvalidArgument(f"{name!r} of job {job_id} is a {kind}, not a wait for a value")
+        if expired is not None:
+            raise InvalidArgument(f"the wait {name!r} of job {job_id} expired; it takes no value now")
+        if sent is not None:
+            raise InvalidArgument(f"a value was sent to job {job_id} as {name!r} already: {sent}")
+        if choices is not None and json.loads(value) not in json.loads(choices):
+            raise InvalidArgument(
+                f"job {job_id} waits for one of {', '.join(map(json.dumps, json.loads(choices)))} "
+                f"as {name!r}, not {value}"
+            )
+        tx(tx.sql.SEND, {**key, "value": value, "by": by, "now": stamp})
+        woke = status is State.WAITING and kind == "event"
+        if woke:
+            woke = bool(tx(tx.sql.WAKE_SENT, {"id": job_id, "now": stamp, "wake": True}))
+        woken.append(woke)
+    return woken

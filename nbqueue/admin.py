@@ -1,5 +1,5 @@
 """What a person does to jobs after the fact: cancel, requeue, replay from a step, delete,
-purge, approve a job another process wrote, and reload a dead notebook job with the current
+purge, trust a job another process wrote, and reload a dead notebook job with the current
 file. Each checks its rules (the state machine, idempotency keys, a root cause still dead, a
 signature that must verify) before it writes, and changes nothing when it refuses.
 
@@ -36,7 +36,7 @@ class Admin:
         get_many: Callable[[Iterable[int]], list[Job]],
     ) -> None:
         self.storage = storage
-        self.trust = trust
+        self.signer = trust  # not `trust`: that is the verb below
         self._get = get
         self._get_many = get_many
 
@@ -44,13 +44,13 @@ class Admin:
         """Give a dead or cancelled task job new keyword arguments (a notebook job the current
         file), signed again (a fresh nonce) when its task is signed, and then only if its stored
         signature verifies: a row another process wrote or changed is not reloaded
-        (InvalidTransition, nothing written) until a person approves it."""
+        (InvalidTransition, nothing written) until a person trusts it (q.trust)."""
         row = self.storage.get(job.id)
         if row is None:
             raise JobNotFound(f"no job with id {job.id}")
         body = call_body(tuple(job.args), kwargs)
         task = registry.find(job.task)
-        signature = None if task is not None and not task.signed else self.trust.resign(row, body)
+        signature = None if task is not None and not task.signed else self.signer.resign(row, body)
         if signature is None and (task is None or task.signed):
             raise InvalidTransition(policy.not_reloaded(job.id))
         if not self.storage.repin(job.id, row.payload, body, signature):
@@ -98,15 +98,15 @@ class Admin:
         """Raise InvalidTransition for the first job whose stored signature does not verify (a
         reload checks every job before it writes any)."""
         for row in self.storage.get_many([job.id for job in jobs]) if jobs else ():
-            if self.trust.resign(row) is None:
+            if self.signer.resign(row) is None:
                 raise InvalidTransition(policy.not_reloaded(row.id))
 
     def _resign(self, job_ids: Sequence[int]) -> None:
         """Give signed jobs about to start afresh (requeue, replay) a fresh nonce, each only if its
         signature verifies: their old nonce's run has ended, and a row that does not verify
-        stays refused until a person approves it."""
+        stays refused until a person trusts it (q.trust)."""
         for row in self.storage.get_many(job_ids) if job_ids else ():
-            signature = self.trust.resign(row)
+            signature = self.signer.resign(row)
             if signature is not None:
                 self.storage.sign(row.id, row.payload, signature, row.signature)
 
@@ -189,7 +189,7 @@ class Admin:
                 )
         return self.storage.purge(statuses, older_than_us, limit)
 
-    def approve(self, jobs: Sequence[int | Job]) -> int:
+    def trust(self, jobs: Sequence[int | Job]) -> int:
         """Sign jobs with this user's secret (a fresh nonce), so that signed tasks run them; how
         many were signed. A Job is signed as it was read: if its row changed since (task,
         payload, queue or options), nothing is signed (InvalidTransition)."""
@@ -206,7 +206,7 @@ class Admin:
                 if changed:
                     raise InvalidTransition(
                         f"job {job_id} changed since it was read ({', '.join(changed)}); nothing was "
-                        "signed: read it again (q.get) and approve what you read"
+                        "signed: read it again (q.get) and trust what you read"
                     )
             rows.append(row)
-        return sum(self.storage.sign(int(r[0]), r[4], self.trust.approve(r), r[25]) for r in rows)
+        return sum(self.storage.sign(int(r[0]), r[4], self.signer.trusted(r), r[25]) for r in rows)

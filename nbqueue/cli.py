@@ -1,5 +1,5 @@
-"""The `nbqueue` command: worker, notebook, stats, jobs, graph, steps, requeue, cancel, purge;
-thin over Queue."""
+"""The `nbqueue` command: worker, notebook, stats, jobs, graph, steps, waiting, send, requeue,
+cancel, purge; thin over Queue."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .cells import CELL_TASK
-from .clock import MAX_SECONDS
+from .clock import MAX_SECONDS, from_us
 from .errors import NbqueueError
 from .frames import stored_value
 from .jobs import NOTEBOOK_TASK, State, attempt_text, shown_task
@@ -33,6 +33,8 @@ COMMANDS = {
     "show": "one job in full: its state, attempt, arguments, error and output",
     "graph": "the jobs linked to a job by after= (its workflow's graph), with their parents",
     "steps": "a job's durable steps (nbqueue.step) and their values",
+    "waiting": "the jobs that wait (nbqueue.wait_for, sleep, wait_for_jobs), and for what",
+    "send": "send a value to a job's wait (what its nbqueue.wait_for(NAME) returns)",
     "requeue": "give dead or cancelled jobs a fresh start",
     "cancel": "cancel jobs that have not finished",
     "purge": "delete finished jobs, for example completed ones older than 7 days",
@@ -77,6 +79,26 @@ def _names(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError("give at least one name")
     return names
+
+
+def sent_value(text: str) -> Any:
+    """A value given on a command line: JSON when it reads as JSON (`3` is 3, `{"a": 1}` an
+    object, `"3"` the text 3), else the text itself (`approve`). NaN and Infinity stay text:
+    they are not JSON, and a queue refuses them."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(constant)
+
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except ValueError:
+        return text
+
+
+def sent_text(job_id: int, name: str, value: Any, woke: bool) -> str:
+    """What a send did, as a person reads it (the CLI's `send` and the `%send` magic)."""
+    what = "it runs again" if woke else "kept for its wait"
+    return plain(f"job {job_id}: sent {name} = {json.dumps(value)}; {what}")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -168,8 +190,14 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument("--limit", "-n", type=int, default=50, help="how many (default 50)")
     for name in ("show", "graph", "steps"):
         cmd[name].add_argument("id", type=int, help="a job id")
-    for name in ("stats", "jobs", "show", "graph", "steps"):
+    cmd["waiting"].add_argument("--queue", "-q", help="only this queue")
+    for name in ("stats", "jobs", "show", "graph", "steps", "waiting"):
         cmd[name].add_argument("--json", action="store_true", help="print JSON")
+    se = cmd["send"]
+    se.add_argument("id", type=int, help="a job id")
+    se.add_argument("name", help="the name it waits for (nbqueue.wait_for(NAME))")
+    se.add_argument("value", help="the value: JSON when it reads as JSON (3, true, {...}), else text")
+    se.add_argument("--by", default=None, help="who sends (default: your user name and host)")
     r = cmd["requeue"]
     r.add_argument("ids", nargs="*", type=int, help="job ids")
     r.add_argument("--all-dead", action="store_true", help="every dead job")
@@ -449,6 +477,7 @@ def _show(queue: Queue, args: argparse.Namespace) -> int:
                     "error": job.error,
                     "output": job.output,
                     "root_cause": job.root_cause,
+                    "waits_for": job.waits_for,
                 }
             )
         )
@@ -470,6 +499,8 @@ def _show(queue: Queue, args: argparse.Namespace) -> int:
         rows.append(("result", (job.result_json or "null")[:500]))
     if job.root_cause is not None:
         rows.append(("root cause", f"job {job.root_cause}"))
+    if job.status is State.WAITING:
+        rows.append(("waits for", job.waits_for or "-"))
     print(f"job {job.id}")
     for name, value in rows:
         print(f"  {name:<14} {plain(value)}")
@@ -532,6 +563,48 @@ def _steps(queue: Queue, args: argparse.Namespace) -> int:
     return 0
 
 
+def _waiting(queue: Queue, args: argparse.Namespace) -> int:
+    rows = queue.waiting_rows(args.queue)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": job.id,
+                        "task": job.task,
+                        "queue": job.queue,
+                        "waits_for": text,
+                        "name": None if wait is None else wait.name,
+                        "kind": None if wait is None else wait.kind,
+                        "prompt": None if wait is None or wait.kind != "event" else wait.prompt,
+                        "choices": None if wait is None else stored_value(wait.choices),
+                        "deadline": _iso(from_us(None if wait is None else wait.deadline)),
+                        "since": job.updated_at.isoformat(),
+                    }
+                    for job, wait, text in rows
+                ]
+            )
+        )
+        return 0
+    if not rows:
+        where = f" in queue {args.queue!r}" if args.queue else ""
+        print(f"no waiting jobs{where} in {queue}")
+        return 0
+    print(f"{'id':>6}  {'task':<24}  {'deadline (UTC)':<19}  waits for")
+    for job, wait, text in rows:
+        deadline = from_us(None if wait is None else wait.deadline)
+        due = "-" if deadline is None else f"{deadline:%Y-%m-%d %H:%M:%S}"
+        print(f"{job.id:>6}  {plain(shown_task(job.task))[:24]:<24}  {due:<19}  {plain(text)}")
+    return 0
+
+
+def _send(queue: Queue, args: argparse.Namespace) -> int:
+    value = sent_value(args.value)
+    woke = queue.send(args.id, args.name, value, by=args.by)
+    print(sent_text(args.id, args.name, value, woke))
+    return 0
+
+
 def _requeue(queue: Queue, args: argparse.Namespace) -> int:
     n = queue.requeue(None if args.all_dead else args.ids, reload=args.reload)
     print(f"requeued {n} job(s)")
@@ -560,6 +633,8 @@ _COMMANDS = {
     "show": _show,
     "graph": _graph,
     "steps": _steps,
+    "waiting": _waiting,
+    "send": _send,
     "requeue": _requeue,
     "cancel": _cancel,
     "purge": _purge,

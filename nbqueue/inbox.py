@@ -73,9 +73,17 @@ class Inbox:
             woken += len(batch)
         return woken + len(batch)
 
-    def next_wake(self) -> int | None:
-        """When the next waiting job wakes by itself (µs; None: none does by time)."""
-        return self.storage.next_wake()
+    def until_next_wake(self) -> float | None:
+        """Seconds until a waiting job wakes by itself (None: none does by time); the jobs due
+        already are moved to pending first (then 0.0)."""
+        wakes = self.storage.next_wake()
+        if wakes is None:
+            return None
+        now = self.storage.now_us()
+        if wakes <= now:
+            self.wake_due()
+            return 0.0
+        return (wakes - now) / 1e6
 
 
 def open_wait(rows: Sequence[WaitRow]) -> WaitRow | None:

@@ -16,7 +16,9 @@ from .errors import DamagedJob, InvalidArgument, InvalidTransition
 from .retry import Backoff
 
 NOTEBOOK_TASK = "nbqueue.notebook"  # the opt-in task that runs a notebook (nbqueue.notebooks)
-NOTEBOOK_FILE = "notebook.ipynb"  # a notebook job's executed notebook, among its stored files
+NOTEBOOK_FILE = "notebook.ipynb"
+#: Set in a notebook job's kernel (its job's id): waits there say they are not supported yet.
+NOTEBOOK_JOB_ENV = "NBQUEUE_NOTEBOOK_JOB"  # a notebook job's executed notebook, among its stored files
 
 
 class State(StrEnum):

@@ -115,7 +115,7 @@ class JobManager:
         )
         #: The periodic schedules (declared here or stored) and their slots.
         self.periodic = Periodics(storage, self.now, self.intake.encode)
-        #: What a person does to jobs after the fact: cancel, requeue, replay, delete, purge, approve.
+        #: What a person does to jobs after the fact: cancel, requeue, replay, delete, purge, trust.
         self.admin = Admin(storage, self.trust, self.get, self.get_many)
         #: What a running job keeps with its claim: its durable steps and its files.
         self.journal = Journal(storage)

@@ -33,7 +33,7 @@ from typing import Any
 from . import context
 from .errors import InvalidArgument, MissingDependency, NbqueueError, Unretryable
 from .isolation import kill_group
-from .jobs import NOTEBOOK_FILE, NOTEBOOK_TASK, Job
+from .jobs import NOTEBOOK_FILE, NOTEBOOK_JOB_ENV, NOTEBOOK_TASK, Job
 from .tasks import Producer, Task, register
 
 __all__ = [
@@ -230,6 +230,7 @@ def run(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: killed with all it started
+            env={**os.environ, NOTEBOOK_JOB_ENV: str(job_id)},  # its kernel knows it is a job's
         )
         try:
             stopped = _watch(child, job_context, timeout)

@@ -127,15 +127,15 @@ def worker_gone(pid: int | None, host: str) -> str:
 
 NOT_SIGNED = (
     "not run: this job is not signed by this notebook's user (it was written by another process, or "
-    "altered); it stays pending. If you trust it, q.approve(job_id) signs it and it runs."
+    "altered); it stays pending. If you trust it, q.trust(job_id) signs it and it runs."
 )
 OLD_SIGNATURE = (
     "not run: this job was signed by an older nbqueue, whose signatures did not bind a job to its "
-    "database and its run; it stays pending. If you trust it, q.approve(job_id) signs it again and it runs."
+    "database and its run; it stays pending. If you trust it, q.trust(job_id) signs it again and it runs."
 )
 RUN_ENDED = (
     "not run: this signed job's run already ended (completed, dead or cancelled) and the row was set "
-    "back to pending behind nbqueue's back; it stays pending. q.requeue(job_id) or q.approve(job_id) "
+    "back to pending behind nbqueue's back; it stays pending. q.requeue(job_id) or q.trust(job_id) "
     "gives it a fresh start if you want it to run again."
 )
 
@@ -145,7 +145,7 @@ def signed_copy(bound: int | None) -> str:
     whose = "another job" if bound is None else f"job {bound}"
     return (
         f"not run: this row is a copy; its signature was made for {whose}, which runs it once. "
-        "It stays pending; if you trust it, q.approve(job_id) signs it and it runs."
+        "It stays pending; if you trust it, q.trust(job_id) signs it and it runs."
     )
 
 
@@ -153,13 +153,13 @@ def not_reloaded(job_id: int) -> str:
     """Why requeue(reload=True) refuses a signed job whose stored signature does not verify."""
     return (
         f"job {job_id} does not carry your signature as it is stored (another process wrote or "
-        "changed it): nothing was reloaded. Read it; if you trust it, q.approve(job) and requeue again"
+        "changed it): nothing was reloaded. Read it; if you trust it, q.trust(job) and requeue again"
     )
 
 
 def changed_since(read: Job, now: Job) -> list[str]:
     """What a signature covers that differs between a job as it was read and as it is now
-    (`q.approve(job)` signs only what its caller read). Payloads compare as JSON text, so that
+    (`q.trust(job)` signs only what its caller read). Payloads compare as JSON text, so that
     `true` and `1`, or `1` and `1.0`, differ."""
     covered = ("task", "queue", "max_retries", "timeout", "backoff", "limits")
     changed = [name for name in covered if getattr(read, name) != getattr(now, name)]
@@ -172,7 +172,7 @@ def untrusted_result(parent: int, why: str) -> str:
     """Why a signed job whose arguments take a parent's result (result_of) does not run."""
     return (
         f"not run: its arguments take the result of job {parent}, which {why}; a signed job takes only "
-        "results that its user's signed jobs recorded, so it stays pending (q.approve does not change "
+        "results that its user's signed jobs recorded, so it stays pending (q.trust does not change "
         "that: pass the value itself, or make the parent a signed task)."
     )
 

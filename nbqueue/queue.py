@@ -417,7 +417,7 @@ class Queue(Reads):
         many = isinstance(job_ids, Iterable) and not isinstance(job_ids, str | bytes | dict)
         items: list[object] = list(job_ids) if isinstance(job_ids, Iterable) and many else [job_ids]
         ids = waiting.job_ids(items if many else job_ids)
-        return self.manager.admin.approve(
+        return self.manager.admin.trust(
             [j if isinstance(j, Job) else i for j, i in zip(items, ids, strict=True)]
         )
 

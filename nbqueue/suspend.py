@@ -24,6 +24,7 @@ retry. Outside a job these are plain: `wait_for` has no one to wait for (it rais
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -34,7 +35,7 @@ from .clock import Duration, seconds, to_us, utc_seconds
 from .context import JobContext, current
 from .dependencies import Outcome, When
 from .errors import InvalidArgument, JobFailed, NbqueueError, WaitExpired
-from .jobs import State
+from .jobs import NOTEBOOK_JOB_ENV, State
 from .records import WaitSpec
 from .steps import check_name
 from .waiting import job_ids
@@ -178,6 +179,12 @@ def _reach(context: JobContext, wait: WaitSpec) -> Any:
 
 
 def _outside(verb: str) -> str:
+    if job := os.environ.get(NOTEBOOK_JOB_ENV):
+        return (
+            f"{verb} is not yet supported inside a notebook job's own kernel (job {job}): it has no "
+            "job context to record waits in, as steps are not recorded there either; wait in a task "
+            "that enqueues the notebook job instead"
+        )
     return f"{verb} runs inside a job (a task's handler run by a worker); there is nothing to wait for here"
 
 

@@ -8,8 +8,8 @@ another database or schema, not of the first form, which bound neither), its non
 to this very job (else the row is a copy) and that run has not ended (else the row was set
 back to pending behind nbqueue's back); and every parent result its arguments take
 (`result_of`) was recorded by a signed run of this user, with the MAC written when it
-completed. Only nbqueue's own verbs (requeue, replay, reload, approve) give a signed job a
-fresh nonce, and only to a row whose signature verifies, or that a person approved. Jobs
+completed. Only nbqueue's own verbs (requeue, replay, reload, trust) give a signed job a
+fresh nonce, and only to a row whose signature verifies, or that a person trusted (q.trust). Jobs
 without a signature pay nothing for any of this.
 """
 
@@ -80,7 +80,7 @@ class Trust:
     def resign(self, row: JobRow, payload: str | None = None) -> str | None:
         """A fresh signature (with `payload`, if given) for a row whose signature verifies and
         is bound to no other job; None for any other row (it stays unsigned, refused until
-        approved)."""
+        trusted)."""
         if not signing.verify_job(self.identity, covered(row), row.signature):
             return None
         run = self._run_of(row)
@@ -94,8 +94,8 @@ class Trust:
         assert nonce is not None  # a signature that verifies has one
         return self._runs([nonce]).get(nonce)
 
-    def approve(self, row: JobRow) -> str:
-        """The signature a person's approval gives a row (a fresh nonce)."""
+    def trusted(self, row: JobRow) -> str:
+        """The signature a person who trusts a row gives it (q.trust: a fresh nonce)."""
         return signing.sign_job(self.identity, covered(row))
 
     def refusal(self, row: JobRow) -> str | None:

@@ -165,14 +165,9 @@ class Worker:
         self._crashes = 0  # runners crashed since a claim last worked (counted under the lock)
         self._keeper_wake = threading.Event()  # a new deadline to watch, or stop
         self._coroutines = Coroutines(
-            self.flights,
-            async_concurrency,
-            self.worker_id,
-            self._stopping,
-            self._report,
-            self._say_stopped,
-            self._give_back,
-        )
+            self.flights, async_concurrency, self.worker_id, self._stopping,
+            self._report, self._say_stopped, self._give_back,
+        )  # fmt: skip
         self._filter_made: tuple[int, Filter] = (-1, Filter())
 
     # -- lifecycle -------------------------------------------------------------
@@ -486,12 +481,10 @@ class Worker:
     def _idle_wait(self) -> None:
         wait = self.idle_interval
         try:
-            wakes = self.manager.inbox.next_wake()  # a waiting job's deadline or wake-up time
-            if wakes is not None:
-                if wakes <= self.manager.now_us():  # its time has come: pending now, then claimed
-                    self.manager.inbox.wake_due()
+            if (wakes := self.manager.inbox.until_next_wake()) is not None:  # a wait's deadline
+                if wakes == 0:  # due now: pending already, so claim it
                     return
-                wait = min(wait, (wakes - self.manager.now_us()) / 1e6)
+                wait = min(wait, wakes)
             due = self.manager.next_due(self._filter())
             if due is not None:
                 now = self.manager.now_us()
@@ -547,12 +540,13 @@ class Worker:
             if not launched:  # ours only if no timeout or stop took it (and no newer claim)
                 owned = self.flights.land(flight)
         output = tail(buffer.getvalue())
-        if context.suspended:  # it waits now (its claim ended with the suspension)
-            outcome = Outcome(Ending.SUSPENDED, output=output)
-        elif context.cancel.is_set() or outcome.ending is Ending.CANCELLED:
+        if context.suspended:  # it waits now: its suspension ended the claim
+            log.info("job %d waits (suspended; no worker holds it)", job.id)
+            return
+        if context.cancel.is_set() or outcome.ending is Ending.CANCELLED:
             log.info("job %d stopped: cancelled, timed out or released", job.id)
             return
-        if not owned and outcome.ending is not Ending.SUSPENDED:  # timed out or released meanwhile
+        if not owned:  # timed out or released meanwhile: the lease is gone
             log.warning("job %d finished after its claim was given up; result discarded", job.id)
             return
         self._report(job, outcome, output, batch)
@@ -581,8 +575,7 @@ class Worker:
     def _report(self, job: Job, outcome: Outcome, output: str | None, batch: Batch | None = None) -> None:
         """Record the outcome: a success into `batch` (written with its next claim), or at once."""
         value = outcome.value
-        if outcome.ending is Ending.SUSPENDED:
-            log.info("job %d waits (suspended; no worker holds it)", job.id)
+        if outcome.ending is Ending.SUSPENDED:  # (a coroutine's: it waits now)
             return
         try:
             if outcome.ending is Ending.RETURNED:

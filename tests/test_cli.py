@@ -419,7 +419,7 @@ def test_cancelling_a_finished_job_says_which_jobs_can_be(
     assert status == 1
     assert err.strip() == (
         f"nbqueue: error: {db}: job {job.id} is completed: "
-        "only pending, failed, blocked or running jobs can be cancelled"
+        "only pending, failed, blocked, running or waiting jobs can be cancelled"
     )
 
 

@@ -30,12 +30,16 @@ LEGAL = {
     (S.UPSTREAM_FAILED, S.PENDING): "requeue",
     (S.CANCELLED, S.BLOCKED): "requeue",
     (S.PENDING, S.BLOCKED): "rearm",
+    (S.RUNNING, S.WAITING): "suspend",
+    (S.WAITING, S.PENDING): "wake",
+    (S.WAITING, S.UPSTREAM_FAILED): "doom",
+    (S.WAITING, S.CANCELLED): "cancel",
 }
 ALL_PAIRS = list(itertools.product(State, State))
 ILLEGAL = [pair for pair in ALL_PAIRS if pair not in LEGAL]
 
 
-def test_eight_states() -> None:
+def test_nine_states() -> None:
     assert [s.value for s in State] == [
         "pending",
         "running",
@@ -45,6 +49,7 @@ def test_eight_states() -> None:
         "cancelled",
         "blocked",
         "upstream_failed",
+        "waiting",
     ]
 
 
@@ -54,7 +59,7 @@ def test_transition_table_is_the_documented_one() -> None:
 
 def test_state_groups() -> None:
     assert set(CLAIMABLE) == {S.PENDING, S.FAILED}
-    assert set(UNFINISHED) == {S.PENDING, S.FAILED, S.RUNNING, S.BLOCKED}
+    assert set(UNFINISHED) == {S.PENDING, S.FAILED, S.RUNNING, S.BLOCKED, S.WAITING}
     assert set(FINISHED) == {S.COMPLETED, S.DEAD, S.CANCELLED, S.UPSTREAM_FAILED}
 
 
@@ -75,7 +80,7 @@ def test_illegal_transition_raises(current: State, target: State) -> None:
 
 
 def test_every_pair_is_covered() -> None:
-    assert len(LEGAL) + len(ILLEGAL) == len(State) ** 2 == 64
+    assert len(LEGAL) + len(ILLEGAL) == len(State) ** 2 == 81
 
 
 @pytest.mark.parametrize("state", list(FINISHED), ids=lambda s: s.value)
@@ -90,12 +95,12 @@ def test_finished_states_never_move_by_themselves(state: State) -> None:
         (
             S.COMPLETED,
             S.CANCELLED,
-            "job 5 is completed: only pending, failed, blocked or running jobs can be cancelled",
+            "job 5 is completed: only pending, failed, blocked, running or waiting jobs can be cancelled",
         ),
         (
             S.DEAD,
             S.CANCELLED,
-            "job 5 is dead: only pending, failed, blocked or running jobs can be cancelled",
+            "job 5 is dead: only pending, failed, blocked, running or waiting jobs can be cancelled",
         ),
         (S.PENDING, S.COMPLETED, "job 5 is pending: only running jobs can be completed"),
         (S.DEAD, S.RUNNING, "job 5 is dead: only pending or failed jobs can start running"),

@@ -428,8 +428,18 @@ def test_delete_removes_only_the_named_finished_jobs(clocked_queue: Queue) -> No
         assert q.get(ids[name]).status == name
     for name, job_id in spare.items():
         assert q.get(job_id).status == name
-    states = ("pending", "running", "failed", "completed", "dead", "cancelled", "blocked", "upstream_failed")
-    assert q.counts() == dict(zip(states, (2, 2, 2, 1, 1, 1, 0, 0), strict=True))
+    states = (
+        "pending",
+        "running",
+        "failed",
+        "completed",
+        "dead",
+        "cancelled",
+        "blocked",
+        "upstream_failed",
+        "waiting",
+    )
+    assert q.counts() == dict(zip(states, (2, 2, 2, 1, 1, 1, 0, 0, 0), strict=True))
 
 
 def test_delete_takes_one_id_or_a_job_and_counts_what_it_deleted(clocked_queue: Queue) -> None:

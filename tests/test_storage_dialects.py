@@ -54,6 +54,19 @@ def test_both_dialects_define_every_statement_the_storage_runs_and_no_other() ->
     assert not unused, f"statements no storage code runs: {unused}"
 
 
+def unwrap_unindexed(text: str) -> str:
+    """PostgreSQL's `(test) IS TRUE` (d.unindexed) back to `test`, parentheses balanced."""
+    while (end := text.find(") IS TRUE")) >= 0:
+        depth, start = 0, end
+        while start > 0:
+            start -= 1
+            depth += {")": 1, "(": -1}.get(text[start], 0)
+            if depth < 0:
+                break
+        text = text[:start] + text[start + 1 : end] + text[end + len(") IS TRUE") :]
+    return text
+
+
 def to_one_form(text: str, d: Dialect) -> str:
     """A statement with the dialect's own spellings put back to one neutral form."""
     if d is PG.dialect:
@@ -61,7 +74,7 @@ def to_one_form(text: str, d: Dialect) -> str:
         text = re.sub(r"= ANY\(%\((\w+)\)s::\w+\[\]\)", r"IN [\1]", text)
         text = re.sub(r"<> ALL\(%\((\w+)\)s::\w+\[\]\)", r"NOT IN [\1]", text)
         text = re.sub(r"unnest\(%\((\w+)\)s::\w+\[\]\) AS value", r"EACH [\1]", text)
-        text = re.sub(r"\(([^()]*(?:\([^()]*\))?[^()]*)\) IS TRUE", r"\1", text)  # unindexed
+        text = unwrap_unindexed(text)
         text = re.sub(r"%\((\w+)\)s(::\w+)?", r":\1", text)
     else:
         text = re.sub(r"NOT IN \(SELECT value FROM json_each\(:(\w+)\)\)", r"NOT IN [\1]", text)

@@ -1,4 +1,4 @@
-"""%nbqueue, %enqueue, %%enqueue, %worker, %jobs and %deadletters."""
+"""%nbqueue, %enqueue, %%enqueue, %worker, %jobs, %deadletters and %send."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import cells, notebooks
 from .. import tasks as registry
+from ..cli import sent_text, sent_value
 from ..errors import NbqueueError
 from ..jobs import UNFINISHED, Job, State
 from ..options import FLAGS, from_flags
@@ -405,6 +406,23 @@ class NbqueueMagics(Magics):
         view = DeadLetterView(self.session.current(), queue_name=args.queue)
         self.session.views.append(view)
         return view
+
+    @magic_arguments(name="send")
+    @argument("id", type=int, help="a job id")
+    @argument("name", help="the name it waits for (nbqueue.wait_for(NAME))")
+    @argument("value", help="JSON when it reads as JSON (3, true, '{\"a\": 1}'), else text")
+    @argument("--by", default=None, help="who sends (default: your user name and host)")
+    @no_var_expand  # a JSON object's braces must reach the value as written
+    @line_magic("send")
+    def send_magic(self, line: str) -> None:
+        """%send ID NAME VALUE [--by WHO]: answer a job's nbqueue.wait_for(NAME), as `nbqueue send`."""
+        args = _parse(self.send_magic, line)
+        value = sent_value(args.value)
+        try:
+            woke = self.session.current().send(args.id, args.name, value, by=args.by)
+        except NbqueueError as exc:
+            raise UsageError(f"%send: {exc}") from None
+        print(sent_text(args.id, args.name, value, woke))
 
     # -- helpers ---------------------------------------------------------------
 

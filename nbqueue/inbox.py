@@ -51,13 +51,14 @@ class Inbox:
         return Reached("value", json.dumps([[j.status.value, j.result_json, j.error] for j in done]))
 
     def send(self, jobs: Sequence[Job | int], name: str, value: Any, by: str | None = None) -> list[bool]:
-        """Send `value` (JSON) to each job under `name`, in one transaction; True for each job it
-        woke (one waiting for it), False for one it was kept for (pending or running)."""
+        """Send `value` (JSON) to each job under `name`, in one transaction; in id order, True for
+        each job it woke (one waiting for it), False for one it was kept for (pending or running)."""
         check_name(name)
         text = payload_json.dumps(value, f"the value sent as {name!r}")
         if by is not None and (not isinstance(by, str) or not by.strip()):
             raise InvalidArgument(f"by= names who sends: non-empty text, not {by!r}")
-        ids = [check_id(j.id if isinstance(j, Job) else j) for j in jobs]
+        # In id order: two sends of many jobs lock them in one order, so they never deadlock.
+        ids = sorted({check_id(j.id if isinstance(j, Job) else j) for j in jobs})
         if not ids:
             return []
         return self.storage.send([(i, name, text) for i in ids], by or sender())

@@ -316,7 +316,7 @@ class Job:
     @property
     def waits_for(self) -> str | None:
         """What this job waits for while `waiting`, as text ("review: a person is asked 'Publish?',
-        answer within 13 d"; "sleep cool-off until 14:05 UTC"; "jobs 5, 6"); None otherwise.
+        answer within 13 d"; "sleep cool-off, wakes in 52 min"; "jobs 5, 6"); None otherwise.
         Read from the queue: the status as last read decides whether to ask."""
         if self.status is not State.WAITING:
             return None

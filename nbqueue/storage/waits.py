@@ -31,13 +31,9 @@ Claim = dict[str, int | None]  # a claim as statement parameters: id, attempt, n
 def reach(tx: Tx, job_id: int, attempt: int, wait: WaitSpec, now_us: int, stamp: int | None) -> Reached:
     """Reach `wait` under the claim (job_id, attempt) at `now_us`; LeaseLost if it is gone."""
     claim = {"id": job_id, "attempt": attempt, "now": stamp}
-    if not tx(tx.sql.LOCK_CLAIM, claim):
-        raise LeaseLost(
-            f"job {job_id} cannot wait for {wait.name!r}: its claim is gone (timed out, cancelled, or "
-            "taken by another worker)"
-        )
     if wait.kind == "jobs":
         return _reach_jobs(tx, claim, wait)
+    _lock_claim(tx, claim, wait.name)
     key = {"id": job_id, "name": wait.name}
     found = tx(tx.sql.WAIT_OF, key)
     kind, _, deadline, value, expired = found[0] if found else (None, None, None, None, None)
@@ -71,6 +67,14 @@ def reach(tx: Tx, job_id: int, attempt: int, wait: WaitSpec, now_us: int, stamp:
     return _suspend(tx, claim, NEVER_US if deadline is None else int(deadline))
 
 
+def _lock_claim(tx: Tx, claim: Claim, name: str) -> None:
+    if not tx(tx.sql.LOCK_CLAIM, claim):
+        raise LeaseLost(
+            f"job {claim['id']} cannot wait for {name!r}: its claim is gone (timed out, cancelled, or "
+            "taken by another worker)"
+        )
+
+
 def _suspend(tx: Tx, claim: Claim, wake: int, left: int = 0, when: str | None = None) -> Reached:
     if not tx(tx.sql.SUSPEND, {**claim, "wake": wake, "left": left, "when": when}):
         raise LeaseLost(f"job {claim['id']} cannot wait: its claim is gone")
@@ -83,7 +87,10 @@ def _reach_jobs(tx: Tx, claim: Claim, wait: WaitSpec) -> Reached:
     finishes them (storage/cascade.py), in the same transactions."""
     job_id = int(str(claim["id"]))
     jobs = sorted(set(wait.jobs))
-    found = tx(tx.sql.LINK_PARENTS, {"ids": jobs})  # marked as having children first: none is missed
+    # The jobs are marked as having children (so none finishes unseen) and locked before the job
+    # itself: the order a finishing job's cascade takes them in, so the two never deadlock.
+    found = tx(tx.sql.LINK_PARENTS, {"ids": jobs})
+    _lock_claim(tx, claim, wait.name)
     missing = sorted(set(jobs) - {int(row[0]) for row in found})
     if missing:
         raise JobNotFound(f"no job with id {missing[0]}: job {job_id} cannot wait for it")

@@ -631,9 +631,10 @@ class Worker:
         for flight in self.flights.now():
             try:
                 self.manager.heartbeat(flight.job)
-            except LeaseLost as exc:  # cancelled, or taken over: tell the handler to stop
-                log.warning("%s", exc)
-                self._claim_gone(flight)
+            except LeaseLost as exc:  # cancelled, or taken over (or it waits now): tell the handler
+                if not flight.context.suspended:
+                    log.warning("%s", exc)
+                    self._claim_gone(flight)
             except InvalidTransition:  # it finished between the snapshot and the heartbeat
                 pass
             except NbqueueError:

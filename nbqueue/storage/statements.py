@@ -23,6 +23,7 @@ from ..jobs import COLUMNS, UNFINISHED, State
 from .rules import (
     CANCELLABLE_SQL,
     FAILED_OUTCOMES_SQL,
+    NEVER_US,
     PENDING_PER_TASK,
     REPLAYABLE_SQL,
     REQUEUEABLE_SQL,
@@ -541,8 +542,9 @@ def build(d: Dialect, w: Written) -> Statements:
         ),
         SET_LEFT=r(f"UPDATE nbqueue_jobs SET parents_left = :left WHERE id = :id AND {counting}"),
         UNBLOCK=r(
+            # (a job that waited for jobs, re-armed or not, was due at NEVER_US: due now)
             "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = CASE WHEN "
-            f"status = 'waiting' THEN {now} ELSE {d.greatest}(run_at, {now}) END, "
+            f"status = 'waiting' OR run_at >= {NEVER_US} THEN {now} ELSE {d.greatest}(run_at, {now}) END, "
             f"updated_at = {now} WHERE id = :id AND {counting} RETURNING 1{d.wake}"
         ),
         DOOM=r(

@@ -13,13 +13,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 import nbqueue
 from nbqueue import Progress, Queue
-from tests.helpers import run_cli, wait_until
+from tests.helpers import MakeQueue, run_cli, wait_until
 
 
 @pytest.fixture
@@ -91,6 +92,8 @@ def test_cancel_and_purge(db: str) -> None:
         ["purge", "DB", "--older-than", "soon"],
         ["purge", "DB", "--status", "running"],
         ["jobs", "DB", "--status", "weird"],
+        ["send", "DB", "1", "review"],
+        ["send", "DB", "one", "review", "approve"],
         ["worker", "DB", "--concurrency", "0"],
     ],
 )
@@ -278,6 +281,8 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
         ["show", "1"],
         ["graph", "1"],
         ["steps", "1"],
+        ["waiting"],
+        ["send", "1", "review", "approve"],
         ["schedules"],
         ["schedules", "--remove", "nightly"],
         ["requeue", "--all-dead"],
@@ -571,3 +576,98 @@ def test_the_workers_own_lines_escape_control_characters(db: str, tmp_path: Path
     failure = [line for line in err.splitlines() if f"job {job.id} failed (dead): " in line]
     assert len(failure) == 1 and failure[0].endswith("completed\\x9b31m\\x7f")
     assert not RAW.search(err), err
+
+
+# -- jobs that wait: `waiting` and `send` ------------------------------------------------------
+
+
+def test_waiting_lists_what_jobs_wait_for_and_send_answers_them(
+    make_queue: MakeQueue, queue_target: str
+) -> None:
+    q = make_queue()
+    ask = timedelta(days=14)
+    review = q.task(name="cli.review")(
+        lambda: nbqueue.wait_for("review", timeout=ask, prompt="ok?", choices=["approve", "reject"])
+    )
+    nap = q.task(name="cli.nap")(lambda: nbqueue.sleep("cool-off", timedelta(hours=1)))
+    hostile = q.task(name="cli.hostile")(lambda: nbqueue.wait_for("x", prompt=f"ok{HOSTILE}"))
+    asked, napping, odd = review.enqueue(), nap.enqueue(), hostile.enqueue()
+    q.worker().run_until_idle(timeout=20)
+    assert {q.get(j.id).status for j in (asked, napping, odd)} == {"waiting"}
+    later = review.enqueue()  # pending: a value sent now is kept for its wait
+    done = run_cli("waiting", queue_target)
+    assert done.returncode == 0, done.stderr
+    header, *lines = done.stdout.splitlines()
+    assert header.split() == ["id", "task", "deadline", "(UTC)", "waits", "for"]
+    rows = {int(line.split()[0]): line for line in lines}
+    assert list(rows) == [asked.id, napping.id, odd.id]  # oldest first; the pending job is not listed
+    assert rows[asked.id].endswith(
+        """review: a person is asked 'ok?' ("approve" or "reject"), answer within 14 d"""
+    )
+    assert "cli.nap" in rows[napping.id] and re.search(
+        "sleep cool-off, wakes in (59|60) min$", rows[napping.id]
+    )
+    assert re.search(r"  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  ", rows[asked.id])  # its deadline
+    assert "\\x1b[2J" in rows[odd.id] and not RAW.search(done.stdout)
+    listed = {j["id"]: j for j in json.loads(run_cli("waiting", queue_target, "--json").stdout)}
+    assert listed[asked.id]["choices"] == ["approve", "reject"] and listed[asked.id]["prompt"] == "ok?"
+    assert (listed[napping.id]["kind"], listed[napping.id]["prompt"]) == ("sleep", None)
+    said = f"no waiting jobs in queue 'other' in {q}"
+    assert run_cli("waiting", queue_target, "--queue", "other").stdout.strip() == said
+    shown = run_cli("show", queue_target, str(asked.id)).stdout.splitlines()
+    assert re.fullmatch(r"  waits for +review: a person is asked 'ok\?'.*", shown[-1])
+
+    def refused(job_id: int, name: str, value: str) -> str:
+        done = run_cli("send", queue_target, str(job_id), name, value)
+        assert (done.returncode, done.stdout, done.stderr.count("\n")) == (1, "", 1), done
+        assert done.stderr.startswith("nbqueue: error: ")
+        return done.stderr.strip()
+
+    assert refused(asked.id, "review", "maybe").endswith(
+        f"""job {asked.id} waits for one of "approve", "reject" as 'review', not "maybe\""""
+    )
+    assert refused(999, "review", "approve").endswith("no job with id 999")
+    assert refused(napping.id, "cool-off", "1").endswith("is a sleep, not a wait for a value")
+    done = run_cli("send", queue_target, str(asked.id), "review", "approve", "--by", "ada")
+    assert (done.returncode, done.stdout) == (0, f'job {asked.id}: sent review = "approve"; it runs again\n')
+    assert q.get(asked.id).status == "pending"
+    done = run_cli("send", queue_target, str(later.id), "review", "reject")
+    assert done.stdout == f'job {later.id}: sent review = "reject"; kept for its wait\n'
+    assert refused(asked.id, "review", "reject").endswith(
+        f"""sent to job {asked.id} as 'review' already: "approve\""""
+    )
+    q.worker().run_until_idle(timeout=20)
+    assert [q.get(j.id).value for j in (asked, later)] == ["approve", "reject"]
+    assert [w.sent_by for w in q.waits(asked) if w.name == "review"] == ["ada"]
+    assert refused(asked.id, "review", "approve").endswith(
+        f"job {asked.id} is completed: a value can be sent only to a job that has not finished"
+    )
+    still = run_cli("waiting", queue_target).stdout.splitlines()[1:]
+    assert [int(line.split()[0]) for line in still] == [napping.id, odd.id]
+
+
+@pytest.mark.parametrize(
+    ("given", "value"),
+    [
+        ("approve", "approve"),
+        ("3", 3),
+        ('"3"', "3"),
+        ('{"a":1}', {"a": 1}),
+        ("true", True),
+        ("null", None),
+        ("[1, 2]", [1, 2]),
+        ("two words", "two words"),
+        ("NaN", "NaN"),  # not JSON: the text
+        ("", ""),
+    ],
+)
+def test_a_sent_value_reads_as_json_when_it_can(
+    capsys: pytest.CaptureFixture[str], db: str, given: str, value: object
+) -> None:
+    with Queue(db) as q:
+        job = q.enqueue({"n": 1})  # pending: the value is kept, as sent
+        status, out, err = cli(capsys, "send", db, str(job.id), "answer", given)
+        assert status == 0, err
+        assert out == f"job {job.id}: sent answer = {json.dumps(value)}; kept for its wait\n"
+        [kept] = q.waits(job)
+        assert kept.value is not None and json.loads(kept.value) == value

@@ -31,6 +31,7 @@ TUTORIALS = {
     "06-async-agents.ipynb",
     "07-research-workflow.ipynb",
     "08-notebook-jobs.ipynb",
+    "09-jobs-that-wait.ipynb",
 }
 
 

@@ -1,4 +1,5 @@
-"""The magics through a real IPython shell: %nbqueue, %enqueue, %%enqueue, %worker, %jobs, %deadletters.
+"""The magics through a real IPython shell: %nbqueue, %enqueue, %%enqueue, %worker, %jobs, %deadletters,
+%send.
 
 Every test runs in a fresh directory with `%load_ext nbqueue` done by the `ip`
 fixture, which also checks that no worker thread outlives the test.
@@ -490,6 +491,44 @@ def test_jobs_and_deadletters_return_widgets(ip: Any, double: None) -> None:
             ip.run_line_magic("jobs", bad)
     ip.run_line_magic("unload_ext", "nbqueue")  # unloading stops the views' timers
     wait_until(lambda: not (board.live or filtered.live or dead.live), 5, "the views' timers stopped")
+
+
+# -- %send ----------------------------------------------------------------------
+
+
+def test_send_answers_a_waiting_job_and_keeps_a_value_for_a_later_wait(
+    made: None, ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = current(ip)
+    review = q.task(name="mg.review")(
+        lambda: nbqueue.wait_for("review", prompt="ok?", choices=["approve", "reject"])
+    )
+    config = q.task(name="mg.config")(lambda: nbqueue.wait_for("config"))
+    asked = review.enqueue()
+    q.worker().run_until_idle(timeout=20)
+    assert q.get(asked.id).status == "waiting"
+    ahead = config.enqueue()  # pending: what is sent now waits for its wait
+    for bad, said in [
+        (f"{asked.id} review maybe", 'waits for one of "approve", "reject"'),
+        ("999 review approve", "no job with id 999"),
+        (f"{asked.id} review", "the following arguments are required: value"),
+    ]:
+        with pytest.raises(UsageError, match=re.escape(said)):
+            ip.run_line_magic("send", bad)
+    assert q.get(asked.id).status == "waiting"  # nothing sent
+    assert ip.run_line_magic("send", f"{asked.id} review approve --by ada") is None
+    assert capsys.readouterr().out == f'job {asked.id}: sent review = "approve"; it runs again\n'
+    ip.run_line_magic("send", f"""{ahead.id} config '{{"n": 3, "on": true}}'""")  # braces as written
+    assert (
+        capsys.readouterr().out
+        == f'job {ahead.id}: sent config = {{"n": 3, "on": true}}; kept for its wait\n'
+    )
+    [sent] = [w for w in q.waits(asked) if w.name == "review"]
+    assert sent.sent_by == "ada"
+    q.worker().run_until_idle(timeout=20)
+    assert (finished(q, asked.id).value, finished(q, ahead.id).value) == ("approve", {"n": 3, "on": True})
+    with pytest.raises(UsageError, match=f"%send: job {asked.id} is completed"):
+        ip.run_line_magic("send", f"{asked.id} review approve")
 
 
 # -- loading and unloading --------------------------------------------------------

@@ -114,10 +114,10 @@ def test_a_job_signed_with_another_users_secret_is_refused_with_a_reason(
     assert not target.exists()
 
 
-def test_the_same_user_in_another_process_is_trusted_and_approve_signs_a_job(
+def test_the_same_user_in_another_process_is_trusted_and_trust_signs_a_job(
     queue_target: str, make_queue: MakeQueue, tmp_path: Path
 ) -> None:
-    """A restarted kernel of the same user reads the same secret; approve() lets a person vouch."""
+    """A restarted kernel of the same user reads the same secret; trust() lets a person vouch."""
     q = make_queue()
     notebook_task(q, "sig.write")
     same_user = write_from_another_process(
@@ -129,7 +129,7 @@ def test_the_same_user_in_another_process_is_trusted_and_approve_signs_a_job(
     q.worker(lease=5).run_until_idle(timeout=20)
     assert q.get(same_user).status == "completed"
     assert q.get(stranger).status == "pending"
-    assert q.approve([stranger]) == 1
+    assert q.trust([stranger]) == 1
     q.worker(lease=5).run_until_idle(timeout=20)
     assert q.get(stranger).status == "completed"
     assert (tmp_path / "b").read_text() == "ran"
@@ -394,7 +394,7 @@ def test_a_signed_rows_queue_and_options_cannot_be_changed(
     assert refused.status == "pending" and "not signed by this notebook's user" in (refused.error or "")
 
 
-def test_a_signature_of_the_first_form_is_refused_until_approved(
+def test_a_signature_of_the_first_form_is_refused_until_trusted(
     queue_target: str, make_queue: MakeQueue, tmp_path: Path
 ) -> None:
     """Rows signed before signatures bound a job to its database and run: refused with the reason."""
@@ -411,12 +411,12 @@ def test_a_signature_of_the_first_form_is_refused_until_approved(
     q.worker(lease=5).run_until_idle(timeout=20)
     refused = q.get(job.id)
     assert refused.status == "pending" and "signed by an older nbqueue" in (refused.error or "")
-    assert q.approve(refused) == 1
+    assert q.trust(refused) == 1
     q.worker(lease=5).run_until_idle(timeout=20)
     assert q.get(job.id).status == "completed" and runs(log) == ["x"]
 
 
-def test_approve_signs_the_job_it_was_handed_never_a_row_changed_since(
+def test_trust_signs_the_job_it_was_handed_never_a_row_changed_since(
     queue_target: str, make_queue: MakeQueue, tmp_path: Path
 ) -> None:
     q = make_queue()
@@ -428,14 +428,30 @@ def test_approve_signs_the_job_it_was_handed_never_a_row_changed_since(
     with pytest.raises(
         nbqueue.InvalidTransition, match=f"job {job_id} changed since it was read \\(payload\\)"
     ):
-        q.approve(read)
+        q.trust(read)
     assert q.get(job_id).signature is None  # nothing was signed
     execute(queue_target, "UPDATE {t} SET max_retries = 7 WHERE id = %s", (job_id,))
     with pytest.raises(nbqueue.InvalidTransition, match="payload, max_retries"):
-        q.approve([read])
-    assert q.approve(q.get(job_id)) == 1  # read again: what is approved is what was read
+        q.trust([read])
+    assert q.trust(q.get(job_id)) == 1  # read again: what is trusted is what was read
     q.worker(lease=5).run_until_idle(timeout=20)
     assert swapped.read_text() == "ran" and not meant.exists()
+
+
+def test_approve_still_signs_but_warns_that_it_is_now_trust(
+    queue_target: str, make_queue: MakeQueue, tmp_path: Path
+) -> None:
+    """q.approve was renamed q.trust ('approve' now answers a waiting job: q.send); old code works."""
+    q = make_queue()
+    notebook_task(q, "sig.write")
+    job_id = write_from_another_process(queue_target, "sig.write", tmp_path / "b", signed=False, secret=None)
+    assert q.get(job_id).signature is None
+    with pytest.warns(DeprecationWarning, match=r"q\.approve\(jobs\) is now q\.trust\(jobs\)") as caught:
+        assert q.approve(q.get(job_id)) == 1
+    assert [w.filename for w in caught] == [__file__]  # it points at the caller's line
+    assert q.get(job_id).signature is not None
+    q.worker(lease=5).run_until_idle(timeout=20)
+    assert q.get(job_id).status == "completed" and (tmp_path / "b").read_text() == "ran"
 
 
 def test_an_edited_parent_result_never_reaches_a_signed_child(

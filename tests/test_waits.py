@@ -840,3 +840,34 @@ def test_outside_a_job_the_waits_are_plain_or_refused() -> None:
 def test_states_are_what_the_contract_says() -> None:
     assert State.WAITING.value == "waiting"
     assert State.WAITING not in nbqueue.jobs.FINISHED
+
+
+def test_replay_from_a_step_forgets_the_waits_and_children_after_it(queue: Queue) -> None:
+    """q.replay(job, from_step=) forgets the waits, sleeps and children recorded after that step:
+    the replayed run waits again and makes its children afresh; those before it are kept."""
+    made: Counter[str] = Counter()
+
+    @queue.task(name="w.child")
+    def child(tag: str) -> str:
+        made[tag] += 1
+        return tag
+
+    @queue.task(name="w.replayed")
+    def replayed() -> list[Any]:
+        first = nbqueue.wait_for_jobs([child.enqueue("before")])
+        nbqueue.step("middle", lambda: "m")
+        answer = nbqueue.wait_for("go")
+        second = nbqueue.wait_for_jobs([child.enqueue("after")])
+        return [first, answer, second]
+
+    job = replayed.enqueue()
+    with queue.worker(concurrency=2, **QUICK):
+        until_status(queue, job, "waiting")
+        wait_until(lambda: open_wait_name(queue, job) == "go", 10, "waiting for go")
+        queue.send(job, "go", 1)
+        assert job.result(timeout=10) == [["before"], 1, ["after"]]
+        queue.replay(job, from_step="middle")
+        wait_until(lambda: open_wait_name(queue, job) == "go", 10, "waiting for go again")
+        queue.send(job, "go", 2)
+        assert job.result(timeout=10) == [["before"], 2, ["after"]]
+    assert made == {"before": 1, "after": 2}  # the child after the step was made afresh

@@ -262,7 +262,8 @@ class SqlStorage:
             if not tx(sql.REPLAY, {"ids": [job_id], "now": now}):
                 return False  # (also when a lost reply's retry finds it moved already)
             tx(sql.FORGET_STEPS, {"id": job_id, "since": since})
-            tx(sql.FORGET_WAITS, {"id": job_id, "since": since})  # and the waits and sleeps after it
+            tx(sql.FORGET_WAITS, {"id": job_id, "since": since})  # and the waits and sleeps after it,
+            tx(sql.FORGET_CHILDREN, {"id": job_id, "since": since})  # and the jobs it made after it
             cascade.rearm(tx, [job_id], now)
             return True
 

@@ -218,6 +218,7 @@ class Statements(Written):
     WAITS: str
     FORGET_EXPIRIES: str
     FORGET_WAITS: str
+    FORGET_CHILDREN: str
     # steps and files
     STEP_VALUES: str
     RECORD_STEP: str
@@ -635,6 +636,11 @@ def build(d: Dialect, w: Written) -> Statements:
         ),
         FORGET_WAITS=r(
             "DELETE FROM nbqueue_waits WHERE job_id = :id AND coalesce(reached_at, sent_at) >= :since"
+        ),
+        # A replay from a step makes afresh the jobs the job made after it (they keep their rows).
+        FORGET_CHILDREN=r(
+            "UPDATE nbqueue_jobs SET origin = NULL WHERE spawned_by = :id AND origin IS NOT NULL "
+            "AND created_at >= :since"
         ),
         STEP_VALUES=r("SELECT name, value FROM nbqueue_steps WHERE job_id = :id AND error IS NULL"),
         # A step is recorded only under the caller's live lease: a stale worker records nothing. A value

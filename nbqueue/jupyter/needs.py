@@ -33,7 +33,13 @@ Waiting = tuple[Job, WaitRow | None, str]  # a row of q.waiting_rows()
 class Entry(widgets.HBox):  # type: ignore[misc]
     """One job a person is asked about: its question and context, and the buttons that answer."""
 
-    def __init__(self, job: Job, row: WaitRow, answer: Callable[[int, str, Any], None]) -> None:
+    def __init__(
+        self,
+        job: Job,
+        row: WaitRow,
+        answer: Callable[[int, str, Any], None],
+        typed: Callable[[int, str, str], None],
+    ) -> None:
         self.job, self.row = job, row
         self.info = widgets.HTML(layout={"width": "auto", "flex": "1 1 auto", "min_width": "0"})
         self.choices = [
@@ -51,8 +57,7 @@ class Entry(widgets.HBox):  # type: ignore[misc]
         self.text = widgets.Text(placeholder=JSON_HINT, layout={"width": "240px"})
         self.send = widgets.Button(description="Send", icon="paper-plane", layout={"width": "auto"})
         if not self.choices:  # any JSON value: typed, then sent
-            self.send.on_click(lambda _b: self.send_typed(answer))
-            self.text.on_submit(lambda _t: self.send_typed(answer))
+            self.send.on_click(lambda _b: typed(job.id, row.name, self.text.value))
             parts = [self.text, self.send]
         buttons = widgets.HBox(parts, layout={"flex": "0 0 auto", "align_items": "center"})
         super().__init__(
@@ -67,9 +72,11 @@ class Entry(widgets.HBox):  # type: ignore[misc]
         )
         self.add_class("nbqueue-need-entry")
 
-    def send_typed(self, answer: Callable[[int, str, Any], None]) -> None:
-        """Send what the JSON box holds (nothing is sent when it is not JSON)."""
-        answer(self.job.id, self.row.name, self.text.value)
+    def close(self) -> None:
+        """Close the entry and every widget in it (a container leaves its children open)."""
+        for part in [self.info, *self.choices, self.text, self.send, *self.children]:
+            part.close()
+        super().close()
 
 
 class NeedsYou(widgets.VBox):  # type: ignore[misc]
@@ -99,7 +106,8 @@ class NeedsYou(widgets.VBox):  # type: ignore[misc]
         """Show these waiting jobs' questions (`waiting`: q.waiting_rows(), any kind of wait)."""
         asked = self.people(waiting)
         shown = asked[:NEEDS_SHOWN]
-        keys = tuple((job.id, row.name, row.choices, row.reached_at) for job, row in shown)
+        # Every question counts, shown or not: the groups' buttons answer them all.
+        keys = tuple((job.id, row.name, row.choices, row.reached_at) for job, row in asked)
         if keys != self._shown:
             self._rebuild(shown, asked)
             self._shown = keys
@@ -127,12 +135,13 @@ class NeedsYou(widgets.VBox):  # type: ignore[misc]
         for job, row in shown:
             kept = old.get(job.id)
             same = kept is not None and (kept.row.name, kept.row.choices) == (row.name, row.choices)
-            self.entries[job.id] = kept if same and kept is not None else Entry(job, row, self.answer)
+            self.entries[job.id] = (
+                kept if same and kept is not None else Entry(job, row, self.answer, self.answer_typed)
+            )
         for job_id, entry in old.items():
             if self.entries.get(job_id) is not entry:
                 entry.close()
-        live = {job for job, _ in shown}
-        self._steps = {k: v for k, v in self._steps.items() if any(k[0] == j.id for j in live)}
+        self._steps = {key: rows for key, rows in self._steps.items() if key[0] in self.entries}
         self.list.children = [self.entries[job.id] for job, _ in shown]
         self._group(asked)
 
@@ -143,6 +152,8 @@ class NeedsYou(widgets.VBox):  # type: ignore[misc]
             if row.choices and choices_of(row):
                 alike.setdefault((job.task, row.name, row.choices), []).append(job.id)
         for old in self.groups.children:
+            for part in old.children:
+                part.close()
             old.close()
         self.group_buttons, lines = [], []
         for (task, name, choices), ids in alike.items():
@@ -167,24 +178,23 @@ class NeedsYou(widgets.VBox):  # type: ignore[misc]
             )
         self.groups.children = lines
 
+    def answer_typed(self, job_id: int, name: str, text: str) -> None:
+        """Send the value a JSON box holds; text that is not JSON is said so, and nothing is sent."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            shown = text.strip()[:80]
+            self._say(f'not sent to job {job_id}: {shown!r} is not JSON (a text needs quotes: "yes")', True)
+            return
+        self.answer(job_id, name, value)
+
     def answer(self, job_id: int, name: str, value: Any) -> None:
-        """Send `value` to one job (a JSON box's text is parsed first: not JSON, nothing sent)."""
-        entry = self.entries.get(job_id)
-        if entry is not None and not entry.choices:
-            try:
-                value = json.loads(str(value))
-            except ValueError:
-                self._say(
-                    f"not sent to job {job_id}: {str(value)[:80]!r} is not JSON "
-                    '(a text needs quotes: "yes")',
-                    error=True,
-                )
-                return
-        self._send(lambda: self.queue.send(job_id, name, value), f"job {job_id}", name, value)
+        """Send `value` (any JSON value) to one job under `name`."""
+        self._deliver(lambda: self.queue.send(job_id, name, value), f"job {job_id}", name, value)
 
     def answer_all(self, job_ids: list[int], name: str, value: Any) -> None:
         """Send `value` to every job of a group in one transaction (all, or none if one refuses)."""
-        self._send(
+        self._deliver(
             lambda: self.queue.send_many(job_ids, name, value),
             f"{len(job_ids)} jobs ({', '.join(f'#{i}' for i in job_ids[:5])}"
             f"{', …' if len(job_ids) > 5 else ''})",
@@ -192,7 +202,7 @@ class NeedsYou(widgets.VBox):  # type: ignore[misc]
             value,
         )
 
-    def _send(self, send: Callable[[], object], to: str, name: str, value: Any) -> None:
+    def _deliver(self, send: Callable[[], object], to: str, name: str, value: Any) -> None:
         shown = json.dumps(value, ensure_ascii=False)[:80]
         try:
             send()
@@ -205,7 +215,5 @@ class NeedsYou(widgets.VBox):  # type: ignore[misc]
     def _say(self, text: str, error: bool = False) -> None:
         self._said_at = time.monotonic()
         style = "color:#dc3545" if error else "color:#198754"
-        self.message.value = (
-            f"<span class='nbqueue-needs-message' style='{style}'>{html.escape(text)}</span>"
-        )
+        self.message.value = f"<span class='nbqueue-needs-message' style='{style}'>{html.escape(text)}</span>"
         self.layout.display = None

@@ -242,12 +242,13 @@ def outcome_bar(counts: dict[str, int]) -> str:
         for s in OUTCOMES
         if counts[s.value]
     )
-    waiting = counts["pending"] + counts["failed"]
+    queued = counts["pending"] + counts["failed"]  # failed: queued for its retry
     rest = " · ".join(
         bit
         for bit in (
             f"{counts['running']:,} running" if counts["running"] else "",
-            f"{waiting:,} waiting" if waiting else "",
+            f"{counts['waiting']:,} waiting" if counts.get("waiting") else "",
+            f"{queued:,} queued" if queued else "",
             f"{counts['blocked']:,} blocked" if counts["blocked"] else "",
         )
         if bit
@@ -293,20 +294,19 @@ def attempts_table(frame: Any) -> str:
             )
         duration = "" if r.duration != r.duration else f"{r.duration:.2f} s"  # NaN while running
         error = (last_line(r.error) if isinstance(r.error, str) else None) or ""
-        colour = (
-            COLOURS[State.COMPLETED]
-            if r.outcome == "completed"
-            else COLOURS[State.DEAD]
-            if error
-            else "#495057"
+        colour = {"completed": COLOURS[State.COMPLETED], "suspended": COLOURS[State.WAITING]}.get(
+            str(r.outcome), COLOURS[State.DEAD] if error else "#495057"
         )
+        said = f"<span title='{html.escape(error)}'>{html.escape(error)}</span>"
+        if r.outcome == "suspended":  # not an attempt: the job waited, and its next run goes on
+            said = "<span style='color:#6c757d'>waited (holding no worker); the next run resumes it</span>"
         cells = (
             f"attempt {number}",
             f"{r.started:%Y-%m-%d %H:%M:%S}",
             duration,
             f"<span style='color:{colour}'>{html.escape(str(r.outcome))}</span>",
             _titled(f"{str(r.host).split('/')[0]}:{r.pid}", str(r.worker)),  # host, not its namespace
-            f"<span title='{html.escape(error)}'>{html.escape(error)}</span>",
+            said,
         )
         rows.append(
             f"<tr data-attempt='{number}' data-run='{r.attempt}'>"

@@ -20,8 +20,10 @@ from typing import Any
 import ipywidgets as widgets
 
 from .. import tasks as registry
+from ..clock import to_us
 from ..dag import svg
 from ..errors import DamagedJob, NbqueueError
+from ..inbox import open_wait
 from ..jobs import Job, State
 from ..notebooks import NOTEBOOK_TASK
 from ..queue import Queue
@@ -29,6 +31,7 @@ from ..workflows import Planned, Workflow
 from .deadletters import DeadLetterView
 from .lab import server_root
 from .live import LiveView
+from .needs import NeedsYou, Waiting
 from .render import (
     FAMILY_SHOWN,
     STEP_PREVIEW,
@@ -48,6 +51,8 @@ from .render import (
 )
 from .sign import Sign
 from .table import PANE, ClickTable
+from .waits import for_a_person, waits_html
+from .waits import note as wait_note
 
 log = logging.getLogger("nbqueue.views")
 __all__ = ["DeadLetterView", "GraphView", "JobBoard", "board_picture", "graph_html"]
@@ -62,7 +67,7 @@ def family(queue: Queue, job: Job) -> str:
     if not parents and not children:
         return ""
     known = queue.find([*parents[:FAMILY_SHOWN], *children[:FAMILY_SHOWN]])
-    note = queue.what_blocks([job]).get(job.id)
+    note = queue.what_blocks([job]).get(job.id) or job.waits_for  # (a job it waits for is a parent)
     rows = queue.graph_rows(job, limit=GRAPH_DRAWN)
     drawing = svg(rows) + legend(j.status for j, _ in rows)
     return family_html(job, parents, children, known, note, drawing)
@@ -83,6 +88,10 @@ CHART_EVERY = 10.0  # seconds between redraws of the board's chart (it reads the
 CHART_JOBS = 300  # the newest finished jobs the time-in-queue panel reads
 EXPORT_ROWS = 10_000  # rows the board's CSV export holds at most (q.history(limit=) has the rest)
 SEARCH_EVERY = 5.0  # seconds between re-reads of a search while nothing else changes
+WAITING_READ = 1_000  # the oldest waiting jobs the board reads for "needs you" (q.waiting() has all)
+# The count chips' order: waiting jobs beside the running ones, then State's order.
+_FIRST = (State.PENDING, State.RUNNING, State.WAITING)
+CHIPS = (*_FIRST, *(s for s in State if s not in _FIRST))
 
 
 def board_picture(queue: Queue, wanted: Callable[[], bool] = lambda: True) -> str:
@@ -177,6 +186,10 @@ class JobBoard(LiveView):
         self.export_button = widgets.Button(description="Export CSV", icon="download", layout=small)
         self.download = widgets.HTML()  # the export's link, once made
         self.sign = Sign()  # jobs that need a person: a badge, the tab title's count
+        self.needs = NeedsYou(queue, self.refresh)  # pinned first: the questions asked of a person
+        self.waiting: list[Waiting] = []  # q.waiting_rows(), read again when the count moves
+        self._waiting_key: object = None
+        self._waiting_at, self._waiting_took = 0.0, 0.0
         self.table = ClickTable(layout={"width": "auto"})
         self.cancel_button = widgets.Button(
             description="Cancel job", icon="stop", disabled=True, layout=small
@@ -195,6 +208,7 @@ class JobBoard(LiveView):
                 [widgets.HBox([self.title, self.sign]), self.refresh_button],
                 layout={"justify_content": "space-between"},
             ),
+            self.needs,
             self.counts_html,
             self.outcome,
             self.chart,
@@ -220,7 +234,7 @@ class JobBoard(LiveView):
         self.export_button.on_click(lambda _b: self.export())
         self.sign.on_looked(self.looked)
         self._seen_at = queue.now()  # the sign counts what went dead after the person last looked
-        self._sign_key: tuple[int, datetime] | None = None
+        self._sign_key: tuple[int, int, datetime] | None = None
         self._search_key: tuple[object, ...] | None = None
         self._searched_at, self._search_took = 0.0, 0.0
         self._found: tuple[int, list[Job]] = (0, [])  # the last search's count and page
@@ -316,15 +330,50 @@ class JobBoard(LiveView):
             self._found = (matching, rows)
         return matching, rows
 
-    def _show_sign(self, dead: int) -> None:
-        """The badge and the tab's title count the jobs that went dead since the person last
-        looked (read again only when the dead count moves)."""
-        key = (dead, self._seen_at)
+    def _show_sign(self, dead: int, asked: int) -> None:
+        """The badge and the tab's title count the jobs waiting for a person (in every queue)
+        and those that went dead since the person last looked (read again only when the dead
+        count moves)."""
+        key = (dead, asked, self._seen_at)
         if key == self._sign_key:
             return
         self._sign_key = key
         new = self.queue.dead_since(self._seen_at) if dead else 0
-        self.sign.show(new, f"{new} new dead" if new else "")
+        said = [f"{asked} need{'s' if asked == 1 else ''} you" if asked else ""]
+        said.append(f"{new} new dead" if new else "")
+        self.sign.show(asked + new, " · ".join(s for s in said if s))
+
+    def _read_waiting(self, waiting: int, reuse: bool) -> list[Waiting]:
+        """The waiting jobs and their waits, read again when their count moves, on a refresh
+        asked for, and now and then (a deadline comes closer; one answered as another began)."""
+        every = max(SEARCH_EVERY, 20 * self._waiting_took)
+        fresh = time.monotonic() - self._waiting_at < every
+        if reuse and fresh and waiting == self._waiting_key:
+            return self.waiting
+        started = time.monotonic()
+        self.waiting = self.queue.waiting_rows(limit=WAITING_READ) if waiting else []
+        self._waiting_key, self._waiting_at = waiting, time.monotonic()
+        self._waiting_took = self._waiting_at - started
+        return self.waiting
+
+    def _waiting_notes(self, jobs: list[Job], now_us: int) -> dict[int, str]:
+        """What each waiting job listed waits for: a question, a wake-up time, jobs (named with
+        their states, as blocked jobs name their parents)."""
+        read = {job.id: row for job, row, _ in self.waiting}
+        notes: dict[int, str] = {}
+        waiting = [job for job in jobs if job.status is State.WAITING]
+        for job in waiting:
+            if job.id not in read:  # beyond the oldest read: its own wait, read now
+                read[job.id] = open_wait(self.queue.waits(job))
+        parents = {
+            job.id: self.queue.relatives(job)[0]
+            for job in waiting
+            if (row := read.get(job.id)) is not None and row.kind == "jobs"
+        }
+        known = self.queue.find({p for ps in parents.values() for p in ps}) if parents else {}
+        for job in waiting:
+            notes[job.id] = wait_note(job, read.get(job.id), now_us, known, parents.get(job.id, []))
+        return notes
 
     def tick(self) -> None:
         self.refresh(reuse_search=True)
@@ -336,7 +385,11 @@ class JobBoard(LiveView):
             status, queue, search = self._listing()
             everywhere = self.queue.counts()
             counts = everywhere if queue is None else self.queue.counts(queue)
-            self._show_sign(everywhere["dead"])
+            now_us = to_us(self.queue.now().timestamp())
+            waiting = self._read_waiting(everywhere["waiting"], reuse_search)
+            self._show_sign(everywhere["dead"], sum(1 for _, row, _ in waiting if for_a_person(row)))
+            mine = [w for w in waiting if queue is None or w[0].queue == queue]
+            self.needs.update(mine, now_us, more_read=len(waiting) == WAITING_READ)
             # Running jobs are pinned above the table when it lists every state; the pages
             # then hold the rest, newest first.
             pinned = status is None and search is None and counts["running"] > 0
@@ -358,7 +411,7 @@ class JobBoard(LiveView):
                 finally:
                     self._updating = False
             self.counts, self.rows, self.running = counts, rows, running
-            self.counts_html.value = "".join(pill(s, counts[s.value]) for s in State)
+            self.counts_html.value = "".join(pill(s, counts[s.value]) for s in CHIPS)
             self.outcome.value = outcome_bar(counts)
             self._draw_chart()
             now = self.queue.now()
@@ -375,6 +428,7 @@ class JobBoard(LiveView):
             self._show_missing(counts["pending"], counts["running"])
             more = counts["running"] - len(running) if pinned else 0  # filtered: they are the rows
             notes = self.queue.what_blocks(rows) | (held_back_notes(rows, limits[0], now) if limits else {})
+            notes |= self._waiting_notes(rows, now_us)
             held = self.queue.held_in_batches() & {job.id for job in running} if running else set()
             notes |= dict.fromkeys(held, "in this kernel's worker's batch: not running now")
             shown_running = [*running, *(row for row in rows if row.status is State.RUNNING)]
@@ -485,7 +539,9 @@ class JobBoard(LiveView):
         mark = (job.id, job.updated_at)
         if not job.finished or self._steps[0] != mark:
             self._steps = (mark, steps_table(self.queue, job))
-        extra = family(self.queue, job) + self._steps[1]
+        # What it waited for, and who answered and when, beside its family and steps.
+        waits = waits_html(self.queue.waits(job), to_us(self.queue.now().timestamp()))
+        extra = family(self.queue, job) + waits + self._steps[1]
         self.detail.value = job_detail(job, extra, attempts_table(self.queue.attempts(job)), server_root())
 
     def _act(self, action: str) -> None:

@@ -54,7 +54,7 @@ def due(row: WaitRow, now_us: int) -> str:
     if row.deadline is None:
         return "no deadline"
     if row.deadline <= now_us:
-        return "deadline passed: it wakes with its default"
+        return "deadline passed: the job wakes (its default, or WaitExpired)"
     return f"answer within {span((row.deadline - now_us) / 1e6)}"
 
 
@@ -124,10 +124,10 @@ def heading(people: int, shown: int, more_read: bool) -> str:
 
 
 def group_html(task: str | None, name: str, n: int) -> str:
-    """The line before a group's buttons: "3 jobs of review wait for 'review': answer all"."""
+    """The line before a group's buttons: "3 publish jobs wait for review, alike:"."""
     return (
-        f"<span class='nbqueue-need-group' style='font-size:12px'>{n} jobs of "
-        f"<b>{html.escape(shown_task(task))}</b> ask <b>{html.escape(name)}</b>: answer all alike</span>"
+        f"<span class='nbqueue-need-group' style='font-size:12px;margin-right:6px'>{n} "
+        f"<b>{html.escape(shown_task(task))}</b> jobs wait for <b>{html.escape(name)}</b>, alike:</span>"
     )
 
 

@@ -6,11 +6,13 @@ cells and checks, at 1280 px: the board's rendered counts match the SQLite file;
 running job is pinned first with a moving bar; the chart is drawn; no job or group row
 is taller than one line. It requeues the dead-letter group with one click, opens the
 running job by clicking its row, cancels it from the detail pane, and waits for the
-board to show every other job completed. Any error output, "Error displaying widget" or browser console error
+board to show every other job completed. Jobs that wait for a person lead the board ("needs
+you"); a click on a job's Approve button, then on "approve all", completes them. Any error
+output, "Error displaying widget" or browser console error
 fails the test. Only the server this test started is stopped, by its process id.
 
 Screenshots go to the test's temp dir; with NBQUEUE_UPDATE_SCREENSHOTS=1 they are
-also copied to docs/board.png and docs/deadletters.png (the README's images).
+also copied to docs/ (board.png, deadletters.png, board-search.png, board-needs-you.png).
 Without /usr/bin/chromium the test is skipped, except under CI, where it fails.
 """
 
@@ -461,6 +463,7 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
         _open_an_executed_notebook(lab, browser, board)
         _a_sign_while_the_person_looks_elsewhere(lab, browser, board)
         _search_export_and_the_graph(lab, browser, board, shots)
+        _questions_answered_on_the_board(lab, browser, board, shots)
     except BaseException:
         page.screenshot(path=str(shots / "failure.png"), full_page=True)
         print(f"screenshots in {shots}\n--- jupyter-lab log ---\n{lab.log_tail()}")
@@ -593,3 +596,107 @@ def _search_export_and_the_graph(lab: Lab, browser: Browser, board: Any, shots: 
     # (the executed notebook, still open in its tab, shows its failing cell's error: not a problem)
     problems = [p for p in browser.state()["problems"] if "raise ValueError('bug')" not in p]
     assert not others and not problems, (others, problems)
+
+
+# Run in the board's kernel: jobs that ask a person (three alike, one for any JSON value) and
+# one that sleeps. Each review does its work in a step first: resumed, it is not done again.
+QUESTIONS = """
+from datetime import timedelta
+
+def publish(n):
+    draft = nbqueue.step("draft", lambda: {"title": f"Release notes 1.{n}", "words": 180 + 40 * n})
+    return nbqueue.wait_for("review", timeout=timedelta(days=14), choices=["approve", "reject"],
+                            prompt=f"Publish {draft['title']!r} ({draft['words']} words) to the blog?")
+
+def pick_model():
+    return nbqueue.wait_for("model", prompt="Which model should the weekly summary use?")
+
+def cool_off():
+    nbqueue.sleep("cool-off", timedelta(minutes=52))
+
+for n in (1, 2, 3):
+    get_ipython().run_line_magic("enqueue", f"publish({n})")
+get_ipython().run_line_magic("enqueue", "pick_model()")
+get_ipython().run_line_magic("enqueue", "cool_off()")
+"""
+
+
+def _questions_answered_on_the_board(lab: Lab, browser: Browser, board: Any, shots: Path) -> None:
+    """Jobs waiting for a person lead the board, each with its question, deadline and buttons;
+    a click on one's Approve completes it, "approve all 2" the rest of its group, and a JSON
+    value typed in the box answers the question that has no choices."""
+    page = browser.page
+    search = board.locator("input[placeholder^='find']")
+    search.fill("")
+    search.press("Enter")
+    page.evaluate(BOARD_KERNEL_JS, QUESTIONS)
+    entries = board.locator(".nbqueue-needs .nbqueue-need-entry")
+    wait_until(lambda: entries.count() == 4, 30, "four questions on the board", every=0.25)
+    badge = board.locator(".nbqueue-badge")
+    wait_until(lambda: badge.get_attribute("data-count") == "4", 10, "the sign counting them", every=0.2)
+    assert "4 need you" in (badge.text_content() or "")
+    needs = board.locator(".nbqueue-needs")
+    table = board.locator("table.nbqueue-jobs")
+    # Above the running jobs and the table; a sleeper says when it wakes.
+    assert needs.bounding_box()["y"] < table.bounding_box()["y"]
+    board.locator("text=wakes in 5").first.wait_for(timeout=10_000)
+    first = entries.first
+    assert "answer within 14 d" in first.inner_text()
+    assert "draft =" in first.inner_text()  # its last steps, for context
+    heights = page.evaluate(ROW_HEIGHTS_JS)
+    assert heights and max(heights) <= ONE_LINE_PX, f"rows taller than one line: {heights}"
+    assert page.evaluate(SIDEWAYS_JS) == [], page.evaluate(SIDEWAYS_JS)
+    _save_top(page, board, table, shots, "board-needs-you.png")
+
+    job_id = int(first.locator(".nbqueue-need").get_attribute("data-job-id") or 0)
+    first.get_by_role("button", name="approve", exact=True).click()
+    needs.locator(".nbqueue-needs-message", has_text=f"to job {job_id}").wait_for()
+
+    def done(ids: list[int]) -> bool:
+        _no_new_problems(browser)
+        with nbqueue.Queue(str(lab.db)) as q:
+            return all(q.get(i).status is nbqueue.State.COMPLETED for i in ids)
+
+    wait_until(lambda: done([job_id]), 30, f"job {job_id} completed", every=0.25)
+    row = board.locator(f"table.nbqueue-jobs tbody tr[data-row-id='{job_id}']")
+    wait_until(lambda: row.get_attribute("data-status") == "completed", 10, "its row completed", every=0.2)
+    with nbqueue.Queue(str(lab.db)) as q:
+        assert q.get(job_id).value == "approve"
+        rest = [job.id for job, wait, _ in q.waiting_rows() if wait is not None and wait.name == "review"]
+    assert len(rest) == 2
+    board.get_by_role("button", name="approve all 2").click()
+    wait_until(lambda: done(rest), 30, f"jobs {rest} completed", every=0.25)
+    wait_until(lambda: entries.count() == 1, 10, "one question left", every=0.2)
+    entries.first.locator("input").fill('"small"')
+    entries.first.get_by_role("button", name="Send").click()
+    wait_until(lambda: entries.count() == 0, 20, "no question left", every=0.2)
+    wait_until(lambda: badge.get_attribute("data-count") == "0", 10, "the sign cleared", every=0.2)
+    _no_new_problems(browser)
+
+
+def _no_new_problems(browser: Browser) -> None:
+    """No error anywhere but the executed notebook's own (still open in its tab: not a problem)."""
+    others = [e for e in browser.errors if not (NO_KERNEL_READ in e and "jupyterlab-manager" in e)]
+    problems = [p for p in browser.state()["problems"] if "raise ValueError('bug')" not in p]
+    assert not others and not problems, (others, problems)
+
+
+def _save_top(page: Any, board: Any, below: Any, shots: Path, name: str) -> Path:
+    """A screenshot of the board from its top to the bottom of `below` (the jobs table), in a
+    window 1280 px wide made tall enough to hold it all."""
+    size = page.viewport_size
+    page.set_viewport_size({"width": 1280, "height": 2400})
+    try:
+        board.evaluate("(el) => el.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(300)  # the notebook lays out again
+        top, end = board.bounding_box(), below.bounding_box()
+        height = end["y"] + end["height"] - top["y"] + 8
+        clip = {"x": top["x"], "y": top["y"], "width": top["width"], "height": height}
+        path = shots / name
+        page.screenshot(path=str(path), clip=clip, animations="disabled")
+    finally:
+        page.set_viewport_size(size)
+    if os.environ.get("NBQUEUE_UPDATE_SCREENSHOTS") == "1":
+        DOCS.mkdir(exist_ok=True)
+        shutil.copy(path, DOCS / name)
+    return path

@@ -83,12 +83,14 @@ def noop(n: int = 0) -> None:
     return None
 
 
-def fill(q: nbqueue.Queue, n: int, task: str | None = NOOP) -> None:
-    """n runnable jobs, written in big transactions (setup, not measured)."""
+def fill(q: nbqueue.Queue, n: int, task: str | None = NOOP) -> list[int]:
+    """n runnable jobs, written in big transactions (setup, not measured); their ids."""
+    ids: list[int] = []
     for start in range(0, n, 50_000):
         count = min(50_000, n - start)
         job = NewJob("default", task, '{"args":[0],"kwargs":{}}', 0, None, 3, 0, None, BACKOFF)
-        q.manager.storage.insert([job] * count)
+        ids += [made[0] for made in q.manager.storage.insert([job] * count)]
+    return ids
 
 
 # -- throughput next to raw SQLite: each returns (nbqueue ops/s, raw ops/s) ----------
@@ -244,6 +246,68 @@ def workflow_growth(folder: Path, small: int, large: int) -> float:
     """How many times longer a workflow of `large` jobs takes to write than one of `small`, per
     job (1.0: linear; the ids copied per job made it grow with n)."""
     return workflow_jobs(folder, small)[0] / workflow_jobs(folder, large)[0]
+
+
+# -- jobs that wait: suspend, send, resume -----------------------------------------------
+
+WAITS = "bench.waits"
+
+
+def waits(n: int = 0) -> Any:
+    return nbqueue.wait_for("go")
+
+
+def wait_cycle(q: nbqueue.Queue, n: int, chunk: int = 0) -> float:
+    """n jobs that each wait for "go": a running worker drains them into waiting, every job is
+    sent its value (one q.send each, or q.send_many in chunks of `chunk`), and the worker drains
+    the resumptions; jobs/s over the whole cycle (the jobs are written before, not measured)."""
+    q.task(name=WAITS)(waits)
+    ids = fill(q, n, WAITS)
+    with q.worker(concurrency=1, lease=60) as worker:
+
+        def cycle() -> None:
+            worker.run_until_idle()  # every job runs and suspends
+            if chunk:
+                for start in range(0, n, chunk):
+                    q.send_many(ids[start : start + chunk], "go", 1)
+            else:
+                for job_id in ids:
+                    q.send(job_id, "go", 1)
+            worker.run_until_idle()  # every job runs again from the top and completes
+
+        per_s = rate(n, cycle)
+    counts = q.counts()
+    assert counts["completed"] == n and counts["waiting"] == 0, counts
+    return per_s
+
+
+def plain_cycle(q: nbqueue.Queue, n: int) -> float:
+    """The same running worker draining n no-op jobs: the plain drain the cycle is set against."""
+    fill(q, n)
+    with q.worker(concurrency=1, lease=60) as worker:
+        per_s = rate(n, worker.run_until_idle)
+    assert q.counts()["completed"] == n
+    return per_s
+
+
+def wait_send_resume(folder: Path, n: int, chunk: int = 0) -> tuple[float, float]:
+    """(the wait cycle's jobs/s, a plain drain's jobs/s), on fresh SQLite files."""
+    plain = new_queue(folder)
+    drained = plain_cycle(plain, n)
+    plain.close()
+    q = new_queue(folder)
+    cycled = wait_cycle(q, n, chunk)
+    q.close()
+    return cycled, drained
+
+
+def postgres_wait_send_resume(server: str, n: int) -> tuple[float, float]:
+    """The same on PostgreSQL, in one worker thread in this process, each in a fresh schema."""
+    with pg_queue(server) as plain:
+        drained = plain_cycle(plain, n)
+    with pg_queue(server) as q:
+        cycled = wait_cycle(q, n)
+    return cycled, drained
 
 
 # -- the same SQL nbqueue runs, on nbqueue's own schema, without nbqueue's Python ----------
@@ -784,6 +848,20 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: drain_limited(folder, n, rate="1000/s"),
                 [],
             ),
+            (
+                "wait_for + send + resume",
+                "a plain drain, same worker (one q.send per job)",
+                0.4,
+                lambda: wait_send_resume(folder, n),
+                [],
+            ),
+            (
+                "  the same, send_many by 500",
+                "a plain drain, same worker",
+                0.0,
+                lambda: wait_send_resume(folder, n, chunk=500),
+                [],
+            ),
         ]
         print("\nratio: nbqueue/raw on a case's row; nbqueue/peer on the peer rows under it (same rounds)")
         print(HEADER)
@@ -866,6 +944,11 @@ def main(argv: list[str] | None = None) -> int:
                 fig = median_of(runs, measure, others) | {"versus": versus}
                 report["postgres"][name] = fig
                 print_case(name, fig, 0.0, versus)
+            wait_n = 200 if args.quick else 2_000
+            name, versus = "wait_for + send + resume", f"a plain drain, same worker, {wait_n:,} jobs"
+            fig = median_of(runs, lambda: postgres_wait_send_resume(PG_SERVER, wait_n))
+            report["postgres"][name] = fig | {"target": 0.4, "versus": versus}
+            print_case(name, fig, 0.4, versus + " (one q.send per job; 1 thread, in process)")
     took = report["seconds"] = {"total": time.monotonic() - began, "peers": PEER_SECONDS[0]}
     print(f"\nthe bench took {took['total']:,.0f} s, {took['peers']:,.0f} s of it measuring peers")
     if args.json:

@@ -104,7 +104,9 @@ def test_four_worker_processes_complete_every_job_exactly_once(pg_url: str, tmp_
     finally:
         errors = stop_all(tmp_path, procs)
     assert q.counts() == {
-        **dict.fromkeys(["running", "failed", "dead", "cancelled", "blocked", "upstream_failed"], 0),
+        **dict.fromkeys(
+            ["running", "failed", "dead", "cancelled", "blocked", "upstream_failed", "waiting"], 0
+        ),
         "pending": 10_000,
         "completed": 10_200,
     }

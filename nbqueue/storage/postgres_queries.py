@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..jobs import COLUMNS
 from .rules import (
     ANY_STATE_SQL,
+    ANY_STATE_V11_SQL,
     ATTEMPT_ERROR_SQL,
     ATTEMPT_ERROR_V12_SQL,
     ATTEMPT_OUTCOME_SQL,
@@ -27,6 +28,7 @@ from .rules import (
     NO_LIMITS_NO_SCAN,
     RUN_ENDED_SQL,
     UNFINISHED_SQL,
+    UNFINISHED_V11_SQL,
     signed_run,
 )
 from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
@@ -61,7 +63,7 @@ MIGRATIONS: dict[int, list[str]] = {
     1: [
         f"""CREATE TABLE {{s}}.nbqueue_jobs (
             id BIGSERIAL PRIMARY KEY,
-            status TEXT NOT NULL CHECK ({ANY_STATE_SQL}),
+            status TEXT NOT NULL CHECK ({ANY_STATE_V11_SQL}),
             queue TEXT NOT NULL,
             task TEXT,
             payload TEXT NOT NULL,
@@ -89,7 +91,7 @@ MIGRATIONS: dict[int, list[str]] = {
         f"CREATE INDEX nbqueue_claim_any ON {{s}}.nbqueue_jobs ({CLAIM_ORDER}) WHERE {CLAIMABLE_SQL}",
         f"CREATE INDEX nbqueue_due ON {{s}}.nbqueue_jobs (run_at) WHERE {CLAIMABLE_SQL}",
         f"CREATE UNIQUE INDEX nbqueue_key ON {{s}}.nbqueue_jobs (key) "
-        f"WHERE key IS NOT NULL AND {UNFINISHED_SQL}",
+        f"WHERE key IS NOT NULL AND {UNFINISHED_V11_SQL}",
         "CREATE INDEX nbqueue_lease ON {s}.nbqueue_jobs (lease_until) WHERE status = 'running'",
         "CREATE INDEX nbqueue_status ON {s}.nbqueue_jobs (status, queue, id)",
     ],
@@ -157,14 +159,15 @@ MIGRATIONS: dict[int, list[str]] = {
     # Dependencies between jobs and durable steps (the same meaning as SQLite's version 6).
     6: [
         "ALTER TABLE {s}.nbqueue_jobs DROP CONSTRAINT nbqueue_jobs_status_check",
-        f"ALTER TABLE {{s}}.nbqueue_jobs ADD CONSTRAINT nbqueue_jobs_status_check CHECK ({ANY_STATE_SQL})",
+        "ALTER TABLE {s}.nbqueue_jobs ADD CONSTRAINT nbqueue_jobs_status_check "
+        f"CHECK ({ANY_STATE_V11_SQL})",
         "ALTER TABLE {s}.nbqueue_jobs ADD COLUMN parents_left INTEGER NOT NULL DEFAULT 0, "
         "ADD COLUMN wait_when TEXT, ADD COLUMN root_cause BIGINT, "
         "ADD COLUMN has_children INTEGER NOT NULL DEFAULT 0, ADD COLUMN origin TEXT, "
         "ADD COLUMN workflow BIGINT",
         "DROP INDEX {s}.nbqueue_key",
         f"CREATE UNIQUE INDEX nbqueue_key ON {{s}}.nbqueue_jobs (key) "
-        f"WHERE key IS NOT NULL AND {UNFINISHED_SQL}",
+        f"WHERE key IS NOT NULL AND {UNFINISHED_V11_SQL}",
         "CREATE UNIQUE INDEX nbqueue_origin ON {s}.nbqueue_jobs (origin) WHERE origin IS NOT NULL",
         "CREATE TABLE {s}.nbqueue_edges "
         "(parent BIGINT NOT NULL, child BIGINT NOT NULL, PRIMARY KEY (parent, child))",

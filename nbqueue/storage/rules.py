@@ -35,6 +35,10 @@ REQUEUEABLE_SQL = status_in(sources(State.PENDING, "requeue"))
 REPLAYABLE_SQL = status_in((*sources(State.PENDING, "requeue"), *sources(State.PENDING, "replay")))
 #: Every state, for the CHECK constraint.
 ANY_STATE_SQL = status_in(State)
+#: The CHECK and the key's index as versions 1 to 11 wrote them (before `waiting`): history,
+#: so that a queue made today passes through the same schema an older nbqueue left behind.
+ANY_STATE_V11_SQL = status_in(s for s in State if s is not State.WAITING)
+UNFINISHED_V11_SQL = status_in(s for s in UNFINISHED if s is not State.WAITING)
 #: Pending jobs per queue and task (the same text for both engines: it takes no parameter).
 PENDING_PER_TASK = (
     "SELECT queue, task, count(*) FROM nbqueue_jobs WHERE status = 'pending' GROUP BY queue, task"

@@ -10,7 +10,7 @@ a list. The statements both backends mean alike are in `storage.statements`
 from __future__ import annotations
 
 from .rules import (
-    ANY_STATE_SQL,
+    ANY_STATE_V11_SQL,
     ATTEMPT_ERROR_SQL,
     ATTEMPT_ERROR_V12_SQL,
     ATTEMPT_OUTCOME_SQL,
@@ -23,6 +23,7 @@ from .rules import (
     HEADS,
     RUN_ENDED_SQL,
     UNFINISHED_SQL,
+    UNFINISHED_V11_SQL,
     signed_run,
 )
 from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
@@ -44,7 +45,7 @@ MIGRATIONS: dict[int, str] = {
     1: f"""
     CREATE TABLE nbqueue_jobs (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
-        status TEXT NOT NULL CHECK ({ANY_STATE_SQL}),
+        status TEXT NOT NULL CHECK ({ANY_STATE_V11_SQL}),
         queue TEXT NOT NULL,
         task TEXT,
         payload TEXT NOT NULL,
@@ -70,7 +71,7 @@ MIGRATIONS: dict[int, str] = {
     CREATE INDEX nbqueue_claim_queue ON nbqueue_jobs (queue, {CLAIM_ORDER}) WHERE {CLAIMABLE_SQL};
     CREATE INDEX nbqueue_claim_any ON nbqueue_jobs ({CLAIM_ORDER}) WHERE {CLAIMABLE_SQL};
     CREATE INDEX nbqueue_due ON nbqueue_jobs (run_at) WHERE {CLAIMABLE_SQL};
-    CREATE UNIQUE INDEX nbqueue_key ON nbqueue_jobs (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL};
+    CREATE UNIQUE INDEX nbqueue_key ON nbqueue_jobs (key) WHERE key IS NOT NULL AND {UNFINISHED_V11_SQL};
     CREATE INDEX nbqueue_lease ON nbqueue_jobs (lease_until) WHERE status = 'running';
     CREATE INDEX nbqueue_status ON nbqueue_jobs (status, id);
     -- Counts per (queue, status), kept by triggers so the board never scans the table.
@@ -134,7 +135,7 @@ MIGRATIONS: dict[int, str] = {
     CREATE TEMP TABLE nbqueue_v6_sequence AS SELECT seq FROM sqlite_sequence WHERE name = 'nbqueue_jobs';
     CREATE TABLE nbqueue_jobs_v6 (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
-        status TEXT NOT NULL CHECK ({ANY_STATE_SQL}),
+        status TEXT NOT NULL CHECK ({ANY_STATE_V11_SQL}),
         queue TEXT NOT NULL, task TEXT, payload TEXT NOT NULL, priority INTEGER NOT NULL DEFAULT 0, key TEXT,
         retries INTEGER NOT NULL DEFAULT 0, max_retries INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
         error TEXT, run_at INTEGER NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
@@ -152,7 +153,7 @@ MIGRATIONS: dict[int, str] = {
         WHERE name = 'nbqueue_jobs';
     DROP TABLE nbqueue_v6_sequence;
     CREATE INDEX nbqueue_claim ON nbqueue_jobs (queue, gate, {CLAIM_ORDER}) WHERE {CLAIMABLE_SQL};
-    CREATE UNIQUE INDEX nbqueue_key ON nbqueue_jobs (key) WHERE key IS NOT NULL AND {UNFINISHED_SQL};
+    CREATE UNIQUE INDEX nbqueue_key ON nbqueue_jobs (key) WHERE key IS NOT NULL AND {UNFINISHED_V11_SQL};
     CREATE INDEX nbqueue_lease ON nbqueue_jobs (lease_until) WHERE status = 'running';
     CREATE INDEX nbqueue_status ON nbqueue_jobs (status, id);
     CREATE INDEX nbqueue_enqueue_token ON nbqueue_jobs (enqueue_token) WHERE enqueue_token IS NOT NULL;

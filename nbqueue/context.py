@@ -27,7 +27,7 @@ from .jobs import Job
 from .payload import error_text
 
 if TYPE_CHECKING:
-    from .records import Reached, WaitSpec
+    from .records import Reached, Suspension, WaitSpec
 
 THROTTLE = 0.5  # seconds between progress writes: a tight loop must not hammer the database
 
@@ -129,6 +129,7 @@ class JobContext:
     reach: Callable[[WaitSpec], Reached] | None = None
     waited: set[str] = field(default_factory=set)  # wait and sleep names reached in this run
     suspended: bool = False  # this run ended in a wait: the job is `waiting`, not failed
+    suspension: Suspension | None = None  # ... which its worker is to write (with its batch)
     last_write: float = float("-inf")
     last_check: float = float("-inf")
 

@@ -105,8 +105,8 @@ class Coroutines:
         """Record a coroutine job's outcome (in a reporter thread)."""
         try:
             owned = self.flights.land(flight)
-            if flight.context.suspended:  # it waits now: nothing more to record
-                outcome = Outcome(Ending.SUSPENDED)
+            if flight.context.suspended:  # it waits: its suspension to write, if not already
+                outcome = Outcome(Ending.SUSPENDED, flight.context.suspension)
             if not owned or outcome.ending is Ending.CANCELLED:
                 if not self._stopping.is_set():  # at a stop, stop() says what became of the job
                     self._stopped(flight.job)

@@ -8,6 +8,7 @@ chore); views read `waits` and `describe` them.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import os
@@ -18,13 +19,14 @@ from . import payload as payload_json
 from .errors import InvalidArgument
 from .jobs import Job
 from .options import check_id
-from .records import Reached, WaitRow, WaitSpec
+from .records import Reached, Suspension, WaitRow, WaitSpec
 from .steps import check_name
-from .storage import Storage
+from .storage import Storage, waits
 
 WAKE_BATCH = 500  # waiting jobs moved to pending per transaction
 
 
+@functools.cache  # (the user database is read once: it costs as much as a send's commit)
 def sender() -> str:
     """Who sends, when `by=` is not given: the OS user and host ("ada@lab-3")."""
     try:
@@ -42,8 +44,20 @@ class Inbox:
         self._get_many = get_many
 
     def reach(self, job: Job, wait: WaitSpec) -> Reached:
-        """Reach `wait` under `job`'s claim; a jobs wait whose jobs are done gets their
-        (status, result, error) rows, as JSON, for `wait_for_jobs` to turn into results."""
+        """Reach `wait` under `job`'s claim. Read first: a value recorded or sent is returned,
+        and a wait with nothing to return says "suspend" (its worker writes that with its
+        batch, as it writes successes); only what must be written now (a value dropped, an
+        expiry, a value sent ahead) opens a transaction here. A jobs wait whose jobs are done
+        gets their (status, result, error) rows, as JSON, for `wait_for_jobs`."""
+        if wait.kind != "jobs":
+            found, stepped = self.storage.peek_wait(job.id, wait.name)
+            if stepped:
+                raise InvalidArgument(
+                    f"job {job.id} has a step named {wait.name!r}: a wait needs a name of its own"
+                )
+            reached = waits.decide(found, wait, self.storage.now_us())
+            if reached.outcome == "suspend" or (reached.outcome == "value" and found and found[0]):
+                return reached
         reached = self.storage.reach_wait(job.id, job.attempts, wait)
         if reached.outcome != "done":
             return reached
@@ -62,6 +76,10 @@ class Inbox:
         if not ids:
             return []
         return self.storage.send([(i, name, text) for i in ids], by or sender())
+
+    def suspend(self, suspensions: Sequence[Suspension]) -> list[bool]:
+        """Write runs' suspensions (not in a worker's batch: an async job's) in one transaction."""
+        return self.storage.suspend(suspensions)
 
     def waits(self, job_ids: Sequence[int]) -> list[WaitRow]:
         """What these jobs wait for and were sent, in the order they reached it."""

@@ -65,6 +65,7 @@ from .jobs import Job
 from .policy import Errors, gives_up
 from .records import Reached, WaitSpec
 from .retry import RetryAfter, retry_after
+from .suspend import note_suspension
 
 log = logging.getLogger("nbqueue.worker")
 
@@ -216,8 +217,7 @@ def _reach(context: JobContext, body: dict[str, Any]) -> dict[str, Any]:
         reached = context.reach(spec)
     except NbqueueError as exc:
         return {"error": str(exc), "type": type(exc).__name__}
-    if reached.outcome in ("suspended", "doomed"):
-        context.suspended = True
+    note_suspension(context, spec, reached)
     return reached._asdict()
 
 
@@ -228,7 +228,7 @@ def _reached(answer: dict[str, Any]) -> Reached:
         raise (kind if isinstance(kind, type) and issubclass(kind, NbqueueError) else NbqueueError)(
             answer["error"]
         )
-    return Reached(str(answer["outcome"]), answer["value"])
+    return Reached(str(answer["outcome"]), answer["value"], answer["wake"])
 
 
 def _ended(job: Job, kind: str, body: dict[str, Any]) -> Outcome:

@@ -49,7 +49,7 @@ from .links import GRAPH_LIMIT, Links
 from .options import check_id, read_stored
 from .payload import check_output, error_text
 from .periodic import STORED_PREFIX, Periodic, Periodics
-from .records import AttemptRow, LimitRow
+from .records import AttemptRow, LimitRow, Suspension
 from .retry import Backoff
 from .search import Search
 from .storage import (
@@ -293,19 +293,27 @@ class JobManager:
         return Completion(job.id, job.attempts, text, payload_json.text(check_output(output)))
 
     def finish_batch(
-        self, done: Sequence[tuple[Job, Completion]], then_claim: ClaimRequest | None, claims: int
+        self,
+        done: Sequence[tuple[Job, Completion | Suspension]],
+        then_claim: ClaimRequest | None,
+        claims: int,
     ) -> tuple[list[bool], list[Job]]:
-        """Record the successes of `done` (True each, False where the claim was lost) and claim up
-        to `claims` more jobs, in one transaction where the storage allows (a worker's batch)."""
+        """Record the successes and suspensions of `done` (True each, False where the claim was
+        lost) and claim up to `claims` more jobs, in one transaction where the storage allows (a
+        worker's batch)."""
         then_claim = None if then_claim is None else mine(then_claim)
         limited = then_claim is not None and self._limits_matter(then_claim.where)
-        flags, rows, now = self.storage.finish_batch(
-            [completion for _, completion in done], None if limited else then_claim, claims
+        completions = [(job, c) for job, c in done if isinstance(c, Completion)]
+        suspended = [s for _, s in done if isinstance(s, Suspension)]
+        written, rows, now = self.storage.finish_batch(
+            [completion for _, completion in completions], None if limited else then_claim, claims, suspended
         )
+        completed, waits = iter(written[: len(completions)]), iter(written[len(completions) :])
+        flags = [next(waits) if isinstance(c, Suspension) else next(completed) for _, c in done]
         finished = from_us(now if now is not None else to_us(system_clock()))
         assert finished is not None
         for (job, completion), ok in zip(done, flags, strict=True):
-            if ok:
+            if ok and isinstance(completion, Completion):
                 job.status, job.result_json, job.output = (
                     State.COMPLETED,
                     completion.result,

@@ -87,8 +87,20 @@ class WaitSpec:
 
 class Reached(NamedTuple):
     """What reaching a wait led to: "value" (the JSON `value`, sent or a sleep's None), "expired",
-    "suspended" (the job now waits), "done" (its jobs are finished as it asked) or "doomed" (a
+    "suspend" (the job is to wait until `wake`: its worker writes that, with its batch),
+    "suspended" (the job waits now), "done" (its jobs are finished as it asked) or "doomed" (a
     job it waits for failed as it may not: the job is upstream_failed)."""
 
     outcome: str
     value: str | None = None
+    wake: int | None = None  # when a job that is to wait wakes by itself (µs)
+
+
+class Suspension(NamedTuple):
+    """A run that reached a wait with nothing to return: its claim, the wait, and when it wakes
+    by itself (µs). Written like a success, with the worker's batch."""
+
+    job_id: int
+    attempt: int
+    wait: WaitSpec
+    wake: int

@@ -36,7 +36,7 @@ from .context import JobContext, current
 from .dependencies import Outcome, When
 from .errors import InvalidArgument, JobFailed, NbqueueError, WaitExpired
 from .jobs import NOTEBOOK_JOB_ENV, State
-from .records import WaitSpec
+from .records import Reached, Suspension, WaitSpec
 from .steps import check_name
 from .waiting import job_ids
 
@@ -162,20 +162,25 @@ def _claim_name(context: JobContext, name: str) -> None:
             f"job {context.job.id} reached the wait or sleep {name!r} twice in one run: give each its "
             f"own name (in a loop: wait_for(f'reply-{{n}}'))"
         )
-    if context.steps is not None and context.steps.lookup(name) is not None:
-        raise InvalidArgument(
-            f"job {context.job.id} has a step named {name!r}: a wait needs a name of its own"
-        )
     context.waited.add(name)
 
 
 def _reach(context: JobContext, wait: WaitSpec) -> Any:
     assert context.reach is not None
     reached = context.reach(wait)
-    if reached.outcome in ("suspended", "doomed"):
-        context.suspended = True
+    if note_suspension(context, wait, reached):
         raise Suspended(f"job {context.job.id} waits for {wait.name!r}")
     return reached
+
+
+def note_suspension(context: JobContext, wait: WaitSpec, reached: Reached) -> bool:
+    """Whether the run ends in a wait: the job waits already ("suspended", "doomed"), or its
+    worker is to write the suspension (kept on the context for it)."""
+    if reached.outcome == "suspend":
+        assert reached.wake is not None
+        context.suspension = Suspension(context.job.id, context.job.attempts, wait, reached.wake)
+    context.suspended = reached.outcome in ("suspend", "suspended", "doomed")
+    return context.suspended
 
 
 def _outside(verb: str) -> str:

@@ -1,12 +1,11 @@
 """The worker: background threads that claim, run and report jobs.
 
-With `nbqueue.aio` (its event loop), the only module with threads. It never
-writes to stdout or stderr (in a notebook that output would land in whatever
-cell is running): it logs through `logging`, and what a job prints is captured
-into the job's record. A keeper thread (nbqueue.keeper) heartbeats running jobs,
-enforces timeouts, notices cancellations and runs the queue's housekeeping; one
-object keeps what is in flight (nbqueue.flights); coroutine jobs go to the
-worker's event loop (nbqueue.coroutines) and their runner goes back to claiming.
+With `nbqueue.aio` (its event loop), the only module with threads. It never writes to stdout
+or stderr (in a notebook that output would land in whatever cell is running): it logs through
+`logging`, and what a job prints is captured into the job's record. A keeper thread
+(nbqueue.keeper) heartbeats running jobs, enforces timeouts, notices cancellations and runs the
+queue's housekeeping; one object keeps what is in flight (nbqueue.flights); coroutine jobs go to
+the worker's event loop (nbqueue.coroutines) and their runner goes back to claiming.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from .isolation import Ending, Outcome, run_in_child
 from .jobs import Job, State, Verdict
 from .keeper import PERIODIC_EVERY, TIDY_EVERY, Chore, Housekeeping, Keeper, housekeeping, interval
 from .options import queue_names
+from .records import Suspension
 from .storage import ClaimRequest, Filter
 
 if TYPE_CHECKING:
@@ -456,14 +456,14 @@ class Worker:
         self._written(*batch.settle(self.manager, overdue_at), quiet=True)
 
     def _written(self, done: list[tuple[Job, Any]], flags: list[bool], quiet: bool = False) -> None:
-        for (job, _), ok in zip(done, flags, strict=True):
-            if ok:
+        for (job, written), ok in zip(done, flags, strict=True):
+            waited = isinstance(written, Suspension)  # a run that ended in a wait: no success
+            if ok and not waited:
                 self.flights.count(completed=1)
                 self._hook(job, "on_complete")
-            elif not quiet:
-                log.warning(
-                    "job %d: its claim was lost (cancelled, or its lease ran out); result discarded", job.id
-                )
+            elif not ok and (waited or not quiet):
+                lost = "its wait is not recorded" if waited else "result discarded"
+                log.warning("job %d: its claim was lost (cancelled, or its lease ran out); %s", job.id, lost)
 
     def _settle_overdue(self) -> list[float]:
         """Settle the batches that held a success or a waiting job too long (a slow job runs);
@@ -540,8 +540,9 @@ class Worker:
             if not launched:  # ours only if no timeout or stop took it (and no newer claim)
                 owned = self.flights.land(flight)
         output = tail(buffer.getvalue())
-        if context.suspended:  # it waits now: its suspension ended the claim
-            log.info("job %d waits (suspended; no worker holds it)", job.id)
+        if context.suspended:  # it waits: written with the batch's next commit, if not already
+            if context.suspension is not None:
+                batch.add_done(job, context.suspension)
             return
         if context.cancel.is_set() or outcome.ending is Ending.CANCELLED:
             log.info("job %d stopped: cancelled, timed out or released", job.id)
@@ -564,7 +565,7 @@ class Worker:
     def _say_stopped(self, job: Job) -> None:
         """Log why a job this worker held stopped before it finished (cancelled, most often)."""
         try:
-            status = self.manager.get(job.id).status
+            status: State | None = self.manager.get(job.id).status
         except NbqueueError:
             status = None
         if status is State.CANCELLED:
@@ -575,7 +576,9 @@ class Worker:
     def _report(self, job: Job, outcome: Outcome, output: str | None, batch: Batch | None = None) -> None:
         """Record the outcome: a success into `batch` (written with its next claim), or at once."""
         value = outcome.value
-        if outcome.ending is Ending.SUSPENDED:  # (a coroutine's: it waits now)
+        if outcome.ending is Ending.SUSPENDED:  # a coroutine's run that waits: written now
+            if value is not None:
+                self._written([(job, value)], self.manager.inbox.suspend([value]))
             return
         try:
             if outcome.ending is Ending.RETURNED:

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Protocol
 from ..clock import Clock
 from ..errors import InvalidArgument
 from ..jobs import JobRow, State
-from ..records import AttemptRow, LimitRow, Reached, RunRow, StepRow, WaitRow, WaitSpec
+from ..records import AttemptRow, LimitRow, Reached, RunRow, StepRow, Suspension, WaitRow, WaitSpec
 from ..search import Search
 
 Row = tuple[Any, ...]
@@ -184,6 +184,15 @@ class Storage(Protocol):
         """The steps a job completed: name -> JSON value."""
         ...
 
+    def peek_wait(self, job_id: int, name: str) -> tuple[Row | None, bool]:
+        """A wait's row as stored now (kind, choices, deadline, value, expired_at; None if none),
+        and whether the job has a step of that name: read, not written."""
+        ...
+
+    def suspend(self, suspensions: Sequence[Suspension]) -> list[bool]:
+        """Write runs' suspensions in one transaction (storage/waits.py suspend_all)."""
+        ...
+
     def reach_wait(self, job_id: int, attempt: int, wait: WaitSpec) -> Reached:
         """Under the live claim, in one transaction: what the wait returns now, or the job
         suspended (running -> waiting, lease released). LeaseLost if the claim is gone."""
@@ -292,11 +301,16 @@ class Storage(Protocol):
         ...
 
     def finish_batch(
-        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int
+        self,
+        done: Sequence[Completion],
+        then_claim: ClaimRequest | None,
+        claims: int,
+        suspended: Sequence[Suspension] = (),
     ) -> tuple[list[bool], list[JobRow], int | None]:
-        """Complete `done` (each True, or False if its lease was lost), then claim up to `claims`
-        jobs one by one in claim order (as that many claims would), in one transaction; and the
-        time it stamped (None: the server's)."""
+        """Complete `done` and write the `suspended` runs' waits (each True, or False if its lease
+        was lost: the completions' flags, then the suspensions'), then claim up to `claims` jobs
+        one by one in claim order (as that many claims would), in one transaction where the
+        backend can; and the time it stamped (None: the server's)."""
         ...
 
     def fail(

@@ -34,6 +34,7 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import JobRow, State
+from ..records import Suspension
 from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order
 from . import postgres_queries as sql
 from .sql import SqlStorage
@@ -48,6 +49,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     raise MissingDependency("PostgreSQL queues need psycopg 3: pip install 'nbqueue[postgres]'") from None
 
 T = TypeVar("T")
+Waits = Sequence[Suspension]  # runs that now wait, written with a worker's batch
 TIDY_EVERY = 5.0  # seconds between folds of the count changes by a reader
 # PostgreSQL cuts an identifier to 63 bytes (of UTF-8), silently: two longer schema names that
 # share their first 63 bytes would open one schema, so names are counted in bytes and refused beyond.
@@ -522,6 +524,13 @@ class PostgresStorage(SqlStorage):
         return self._finish_linked(sql.COMPLETE_LINKED, params, State.COMPLETED, sql.COMPLETED)
 
     def finish_batch(
+        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, suspended: Waits = ()
+    ) -> tuple[list[bool], list[JobRow], int | None]:
+        written = self.suspend(suspended)  # the runs that now wait: a transaction of their own
+        flags, taken, now = self._finish_batch(done, then_claim, claims)
+        return flags + written, taken, now
+
+    def _finish_batch(
         self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int
     ) -> tuple[list[bool], list[JobRow], int | None]:
         now = self.stamp()

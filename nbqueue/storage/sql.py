@@ -22,7 +22,7 @@ from ..clock import Clock, system_clock, to_us
 from ..errors import StorageError
 from ..jobs import JobRow, State
 from ..options import held_keys
-from ..records import AttemptRow, LimitRow, Reached, RunRow, StepRow, WaitRow, WaitSpec
+from ..records import AttemptRow, LimitRow, Reached, RunRow, StepRow, Suspension, WaitRow, WaitSpec
 from ..search import Search
 from . import (
     ClaimRequest,
@@ -200,6 +200,19 @@ class SqlStorage:
         return str(held[0][0]) if held and self._read(self.sql.STILL_CLAIMED, params) else None
 
     # -- jobs that wait (storage/waits.py) ------------------------------------------
+
+    def peek_wait(self, job_id: int, name: str) -> tuple[Row | None, bool]:
+        rows = self._read(self.sql.PEEK_WAIT, {"id": job_id, "name": name})
+        found = [r for r in rows if r[0] != "step"]
+        return (found[0] if found else None), len(found) < len(rows)
+
+    def suspend(self, suspensions: Sequence[Suspension]) -> list[bool]:
+        if not suspensions:
+            return []
+        stamp = self.stamp()
+        written = self._transaction(lambda tx: waits.suspend_all(tx, suspensions, stamp))
+        self._wake_here()  # (a value sent meanwhile made one pending again)
+        return written
 
     def reach_wait(self, job_id: int, attempt: int, wait: WaitSpec) -> Reached:
         stamp = self.stamp()

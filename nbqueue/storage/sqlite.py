@@ -37,7 +37,8 @@ from ..errors import (
     StorageError,
 )
 from ..jobs import JobRow, State
-from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order
+from ..records import Suspension
+from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order, waits
 from . import sqlite_queries as sql
 from .sql import SqlStorage
 from .statements import NEW_COLUMNS, Params, Tx
@@ -374,13 +375,19 @@ class SQLiteStorage(SqlStorage):
         return ids
 
     def finish_batch(
-        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int
+        self,
+        done: Sequence[Completion],
+        then_claim: ClaimRequest | None,
+        claims: int,
+        suspended: Sequence[Suspension] = (),
     ) -> tuple[list[bool], list[JobRow], int | None]:
         now = self.stamp()
         linked: list[int] = []
 
         def work(conn: sqlite3.Connection) -> tuple[list[bool], list[JobRow]]:
             flags = _complete_all(conn, done, now, linked)
+            if suspended:  # the batch's runs that now wait, in the same commit
+                flags += waits.suspend_all(_tx(conn), suspended, now)
             # The next claims ride in the same commit.
             if then_claim is None or not claims or then_claim.where.matches_nothing:
                 return flags, []
@@ -390,7 +397,7 @@ class SQLiteStorage(SqlStorage):
             return flags, [] if first is None else [first, *more]
 
         flags, taken = self._write(work)
-        if linked:  # children they let go may be due now
+        if linked or suspended:  # children they let go may be due now (or a job sent a value)
             self.notify()
         return flags, taken, now
 

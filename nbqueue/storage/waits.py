@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from ..dependencies import When, initial
 from ..errors import InvalidArgument, InvalidTransition, JobNotFound, LeaseLost
 from ..jobs import FINISHED, State
-from ..records import Reached, WaitSpec
+from ..records import Reached, Suspension, WaitSpec
 from .cascade import doomed_error
 from .rules import NEVER_US
 from .statements import Tx
@@ -28,43 +29,90 @@ from .statements import Tx
 Claim = dict[str, int | None]  # a claim as statement parameters: id, attempt, now
 
 
+Found = tuple[Any, ...]  # a wait's row as read (WAIT_OF): kind, choices, deadline, value, expired_at
+
+
+def decide(found: Found | None, wait: WaitSpec, now_us: int) -> Reached:
+    """What reaching `wait` leads to, from its row as read (None: no row), at `now_us`: "value"
+    (its JSON), "expired", "suspend" (until `wake`), or what must be written first: "drop" (a
+    value sent ahead outside its choices) or "expire" (the deadline, `wake`, has passed)."""
+    kind, _, deadline, value, expired = found if found else (None, None, None, None, None)
+    if kind is not None and kind != wait.kind:
+        raise InvalidArgument(
+            f"the name {wait.name!r} was used for a {kind} before; a {wait.kind} needs a name of its own"
+        )
+    if wait.kind == "sleep":  # the first run fixes the wake-up time
+        if deadline is not None:
+            wake = int(deadline)
+        else:
+            wake = wait.until_us if wait.until_us is not None else now_us + (wait.timeout_us or 0)
+        return Reached("value", "null") if now_us >= wake else Reached("suspend", wake=wake)
+    if expired is not None:
+        return Reached("expired")
+    if value is not None:
+        if wait.choices is None or json.loads(value) in json.loads(wait.choices):
+            return Reached("value", str(value))
+        return Reached("drop")
+    if deadline is None and wait.timeout_us is not None:  # the first run fixes the deadline
+        deadline = now_us + wait.timeout_us
+    if deadline is not None and now_us >= int(deadline):
+        return Reached("expire", wake=int(deadline))
+    return Reached("suspend", wake=NEVER_US if deadline is None else int(deadline))
+
+
 def reach(tx: Tx, job_id: int, attempt: int, wait: WaitSpec, now_us: int, stamp: int | None) -> Reached:
-    """Reach `wait` under the claim (job_id, attempt) at `now_us`; LeaseLost if it is gone."""
+    """Reach `wait` under the claim (job_id, attempt) at `now_us`, writing what that needs: a
+    dropped value, an expiry, or the suspension itself. LeaseLost if the claim is gone."""
     claim = {"id": job_id, "attempt": attempt, "now": stamp}
     if wait.kind == "jobs":
         return _reach_jobs(tx, claim, wait)
     _lock_claim(tx, claim, wait.name)
     key = {"id": job_id, "name": wait.name}
     found = tx(tx.sql.WAIT_OF, key)
-    kind, _, deadline, value, expired = found[0] if found else (None, None, None, None, None)
-    if kind is not None and kind != wait.kind:
-        raise InvalidArgument(
-            f"job {job_id} used the name {wait.name!r} for a {kind} before; "
-            f"a {wait.kind} needs a name of its own"
-        )
-    record = {**key, "kind": wait.kind, "prompt": wait.prompt, "choices": wait.choices, "now": stamp}
-    if wait.kind == "sleep":
-        if deadline is not None:
-            wake = int(deadline)
-        else:  # the first run fixes the wake-up time
-            wake = wait.until_us if wait.until_us is not None else now_us + (wait.timeout_us or 0)
-        if deadline is None:
-            tx(tx.sql.REACH, {**record, "deadline": wake})
-        return Reached("value", "null") if now_us >= wake else _suspend(tx, claim, wake)
-    if expired is not None:
-        return Reached("expired")
-    if value is not None:
-        if wait.choices is None or json.loads(value) in json.loads(wait.choices):
-            tx(tx.sql.REACH, {**record, "deadline": deadline})
-            return Reached("value", str(value))
-        tx(tx.sql.DROP_SENT, key)  # sent ahead, outside its choices: dropped, the name free again
-    if deadline is None and wait.timeout_us is not None:
-        deadline = now_us + wait.timeout_us
-    tx(tx.sql.REACH, {**record, "deadline": deadline})
-    if deadline is not None and now_us >= int(deadline):
+    reached = decide(found[0] if found else None, wait, now_us)
+    if reached.outcome == "drop":  # sent ahead, outside its choices: dropped, the name free again
+        tx(tx.sql.DROP_SENT, key)
+        reached = decide((*found[0][:3], None, None), wait, now_us)
+    if reached.outcome == "expire":
+        _record(tx, claim, wait, reached.wake)
         tx(tx.sql.EXPIRE, {**key, "now": stamp})
         return Reached("expired")
-    return _suspend(tx, claim, NEVER_US if deadline is None else int(deadline))
+    if reached.outcome == "suspend":
+        assert reached.wake is not None
+        if not suspend_in(tx, claim, wait, reached.wake):
+            raise LeaseLost(f"job {job_id} cannot wait: its claim is gone")
+        return Reached("suspended")
+    if reached.outcome == "value" and found and found[0][0] is None:
+        _record(tx, claim, wait, None)  # a value sent ahead: the wait it answered is known now
+    return reached
+
+
+def suspend_all(tx: Tx, suspensions: Sequence[Suspension], stamp: int | None) -> list[bool]:
+    """Write suspensions decided by their runs (a worker's batch); False where the claim is gone."""
+    written = []
+    for job_id, attempt, wait, wake in suspensions:
+        claim = {"id": job_id, "attempt": attempt, "now": stamp}
+        written.append(bool(tx(tx.sql.LOCK_CLAIM, claim)) and suspend_in(tx, claim, wait, wake))
+    return written
+
+
+def suspend_in(tx: Tx, claim: Claim, wait: WaitSpec, wake: int) -> bool:
+    """The job (its claim locked) waits until `wake`; if a value for the wait came meanwhile (sent
+    while it ran), pending again at once. False if the claim is gone."""
+    _record(tx, claim, wait, wake if wait.kind == "sleep" or wake != NEVER_US else None)
+    if not tx(tx.sql.SUSPEND, {**claim, "wake": wake, "left": 0, "when": None}):
+        return False
+    if wait.kind == "event":
+        found = tx(tx.sql.WAIT_OF, {"id": claim["id"], "name": wait.name})
+        if found and decide(found[0], wait, 0).outcome == "value":
+            tx(tx.sql.WAKE_SENT, {"id": claim["id"], "now": claim["now"], "wake": True})
+    return True
+
+
+def _record(tx: Tx, claim: Claim, wait: WaitSpec, deadline: int | None) -> None:
+    """The wait as reached: its kind, prompt and choices; its deadline as first fixed."""
+    tx(tx.sql.REACH, {"id": claim["id"], "name": wait.name, "kind": wait.kind, "prompt": wait.prompt,
+                      "choices": wait.choices, "deadline": deadline, "now": claim["now"]})  # fmt: skip
 
 
 def _lock_claim(tx: Tx, claim: Claim, name: str) -> None:
@@ -100,8 +148,7 @@ def _reach_jobs(tx: Tx, claim: Claim, wait: WaitSpec) -> Reached:
     change = initial(rule, [(int(i), State(s), r) for i, s, r in found])
     if change.state is State.PENDING:
         return Reached("done")
-    tx(tx.sql.REACH, {"id": job_id, "name": wait.name, "kind": "jobs", "prompt": wait.prompt,
-                      "choices": None, "deadline": None, "now": claim["now"]})  # fmt: skip
+    _record(tx, claim, wait, None)
     for parent in jobs:
         tx(tx.sql.INSERT_EDGE, {"parent": parent, "child": job_id})
     _suspend(tx, claim, NEVER_US, change.left, rule.value)

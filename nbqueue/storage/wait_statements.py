@@ -1,0 +1,82 @@
+"""The statements of jobs that wait (storage/waits.py), written once for both dialects: a part
+of `statements.build`, kept here so that each module stays one screenful of ideas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def wait_statements(
+    r: Callable[[str], str],
+    now: str,
+    lock_row: str,
+    wake: str,
+    LIVE_CLAIM: str,
+) -> dict[str, str]:
+    """Reaching a wait, suspending, sending and waking, rendered by `r` with the dialect's clock
+    (`now`), row lock and wake-up (statements.Dialect); `LIVE_CLAIM`: the condition that a
+    claim (:id, :attempt) still holds the job."""
+    return {
+        # Jobs that wait: the claim (or the job) locked first, so a send and a suspension of the same
+        # job run one after the other (storage/waits.py says why that loses no wake-up).
+        "LOCK_CLAIM": r(f"SELECT 1 FROM nbqueue_jobs WHERE {LIVE_CLAIM} AND lease_until > {now}{lock_row}"),
+        "LOCK_JOB": r(f"SELECT status FROM nbqueue_jobs WHERE id = :id{lock_row}"),
+        "WAIT_OF": r(
+            "SELECT kind, choices, deadline, value, expired_at FROM nbqueue_waits WHERE job_id = :id AND "
+            "name = :name"
+        ),
+        # A run's first look at a wait (a read): its row, and a step of the same name if any.
+        "PEEK_WAIT": r(
+            "SELECT kind, choices, deadline, value, expired_at FROM nbqueue_waits WHERE job_id = :id AND "
+            "name = :name UNION ALL SELECT 'step', NULL, NULL, NULL, NULL FROM nbqueue_steps "
+            "WHERE job_id = :id AND name = :name AND error IS NULL"
+        ),
+        # The deadline is fixed when the wait is first reached; a later run keeps it.
+        "REACH": r(
+            "INSERT INTO nbqueue_waits (job_id, name, kind, prompt, choices, deadline, reached_at) VALUES "
+            f"(:id, :name, :kind, :prompt::text, :choices::text, :deadline::bigint, {now}) "
+            "ON CONFLICT (job_id, name) DO UPDATE SET kind = excluded.kind, prompt = excluded.prompt, "
+            "choices = excluded.choices, deadline = coalesce(nbqueue_waits.deadline, excluded.deadline), "
+            "reached_at = coalesce(nbqueue_waits.reached_at, excluded.reached_at)"
+        ),
+        "DROP_SENT": r(
+            "UPDATE nbqueue_waits SET value = NULL, sent_by = NULL, sent_at = NULL WHERE job_id = :id "
+            "AND name = :name"
+        ),
+        "EXPIRE": r(f"UPDATE nbqueue_waits SET expired_at = {now} WHERE job_id = :id AND name = :name"),
+        "SEND": r(
+            "INSERT INTO nbqueue_waits (job_id, name, value, sent_by, sent_at) VALUES "
+            f"(:id, :name, :value, :by, {now}) ON CONFLICT (job_id, name) DO UPDATE SET "
+            "value = excluded.value, sent_by = excluded.sent_by, sent_at = excluded.sent_at"
+        ),
+        # Fenced like a completion; the lease, the worker's slot and the limit units (counted from
+        # running jobs) are released with the state.
+        "SUSPEND": r(
+            f"UPDATE nbqueue_jobs SET status = 'waiting', run_at = :wake, lease_until = NULL, updated_at = "
+            f"{now}, parents_left = :left, wait_when = coalesce(:when::text, wait_when) WHERE {LIVE_CLAIM} "
+            f"AND lease_until > {now} RETURNING 1"
+        ),
+        "WAKE_SENT": r(
+            f"UPDATE nbqueue_jobs SET status = 'pending', run_at = {now}, updated_at = {now} "
+            f"WHERE id = :id AND status = 'waiting' RETURNING 1{wake}"
+        ),
+        "WAKE_DUE": r(
+            f"UPDATE nbqueue_jobs SET status = 'pending', updated_at = {now} WHERE id IN (SELECT id FROM "
+            f"nbqueue_jobs WHERE status = 'waiting' AND run_at <= {now} ORDER BY run_at LIMIT :limit) "
+            f"AND status = 'waiting' RETURNING id{wake}"
+        ),
+        "NEXT_WAKE": r("SELECT min(run_at) FROM nbqueue_jobs WHERE status = 'waiting'"),
+        "WAITS": r(
+            "SELECT job_id, name, kind, prompt, choices, deadline, value, sent_by, sent_at, expired_at, "
+            "reached_at FROM nbqueue_waits WHERE job_id IN [:ids::bigint] "
+            "ORDER BY job_id, coalesce(reached_at, sent_at), name"
+        ),
+        # A fresh start (requeue) forgets recorded expiries: the wait is reached anew.
+        "FORGET_EXPIRIES": r(
+            "UPDATE nbqueue_waits SET expired_at = NULL, deadline = NULL WHERE job_id IN [:ids::bigint] "
+            "AND expired_at IS NOT NULL"
+        ),
+        "FORGET_WAITS": r(
+            "DELETE FROM nbqueue_waits WHERE job_id = :id AND coalesce(reached_at, sent_at) >= :since"
+        ),
+    }

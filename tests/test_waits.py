@@ -669,11 +669,14 @@ def test_a_value_sent_ahead_outside_the_choices_is_dropped_and_may_be_sent_again
 # -- wait_for_jobs ---------------------------------------------------------------------------------
 
 
-def test_wait_for_jobs_gives_results_in_order_and_makes_children_once(queue: Queue) -> None:
+def test_wait_for_jobs_gives_results_in_order_and_makes_children_once(
+    queue: Queue, gate: threading.Event
+) -> None:
     runs: Counter[str] = Counter()
 
     @queue.task(name="w.double")
     def double(n: int) -> int:
+        assert gate.wait(10)  # the children finish only once the parent waits for them
         return n * 2
 
     @queue.task(name="w.fan_out")
@@ -685,7 +688,9 @@ def test_wait_for_jobs_gives_results_in_order_and_makes_children_once(queue: Que
         return [results, more]
 
     job = fan_out.enqueue()
-    with queue.worker(concurrency=2, **QUICK):
+    with queue.worker(concurrency=4, **QUICK):
+        wait_until(lambda: (open_wait_name(queue, job) or "").startswith("jobs:"), 10, "waiting for jobs")
+        gate.set()
         wait_until(lambda: open_wait_name(queue, job) == "more", 10, "waiting for more")
         assert queue.send(job, "more", "yes") is True
         assert job.result(timeout=10) == [[6, 2, 4], "yes"]

@@ -37,7 +37,7 @@ def wait_statements(
             f"(:id, :name, :kind, :prompt::text, :choices::text, :deadline::bigint, {now}) "
             "ON CONFLICT (job_id, name) DO UPDATE SET kind = excluded.kind, prompt = excluded.prompt, "
             "choices = excluded.choices, deadline = coalesce(nbqueue_waits.deadline, excluded.deadline), "
-            "reached_at = coalesce(nbqueue_waits.reached_at, excluded.reached_at)"
+            "reached_at = coalesce(nbqueue_waits.reached_at, excluded.reached_at) RETURNING value"
         ),
         "DROP_SENT": r(
             "UPDATE nbqueue_waits SET value = NULL, sent_by = NULL, sent_at = NULL WHERE job_id = :id "

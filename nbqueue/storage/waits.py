@@ -24,7 +24,7 @@ from ..jobs import FINISHED, State
 from ..records import Reached, Suspension, WaitSpec
 from .cascade import doomed_error
 from .rules import NEVER_US
-from .statements import Tx
+from .statements import Row, Tx
 
 Claim = dict[str, int | None]  # a claim as statement parameters: id, attempt, now
 
@@ -89,30 +89,33 @@ def reach(tx: Tx, job_id: int, attempt: int, wait: WaitSpec, now_us: int, stamp:
 
 def suspend_all(tx: Tx, suspensions: Sequence[Suspension], stamp: int | None) -> list[bool]:
     """Write suspensions decided by their runs (a worker's batch); False where the claim is gone."""
-    written = []
-    for job_id, attempt, wait, wake in suspensions:
-        claim = {"id": job_id, "attempt": attempt, "now": stamp}
-        written.append(bool(tx(tx.sql.LOCK_CLAIM, claim)) and suspend_in(tx, claim, wait, wake))
-    return written
+    return [
+        suspend_in(tx, {"id": job_id, "attempt": attempt, "now": stamp}, wait, wake)
+        for job_id, attempt, wait, wake in suspensions
+    ]
 
 
 def suspend_in(tx: Tx, claim: Claim, wait: WaitSpec, wake: int) -> bool:
-    """The job (its claim locked) waits until `wake`; if a value for the wait came meanwhile (sent
-    while it ran), pending again at once. False if the claim is gone."""
-    _record(tx, claim, wait, wake if wait.kind == "sleep" or wake != NEVER_US else None)
+    """The job waits until `wake` (fenced: False if the claim is gone); if a value for the wait
+    came meanwhile (sent while it ran), it is pending again at once. The suspension locks the
+    job's row first, so a send either committed before (and the wait's row, upserted next,
+    returns its value) or waits for this commit and finds the job waiting."""
     if not tx(tx.sql.SUSPEND, {**claim, "wake": wake, "left": 0, "when": None}):
         return False
-    if wait.kind == "event":
-        found = tx(tx.sql.WAIT_OF, {"id": claim["id"], "name": wait.name})
-        if found and decide(found[0], wait, 0).outcome == "value":
+    [(value,)] = _record(tx, claim, wait, wake if wait.kind == "sleep" or wake != NEVER_US else None)
+    if value is not None and wait.kind == "event":  # sent before it got here: it runs again now
+        if wait.choices is None or json.loads(value) in json.loads(wait.choices):
             tx(tx.sql.WAKE_SENT, {"id": claim["id"], "now": claim["now"], "wake": True})
+        else:  # outside its choices: dropped, the name free again
+            tx(tx.sql.DROP_SENT, {"id": claim["id"], "name": wait.name})
     return True
 
 
-def _record(tx: Tx, claim: Claim, wait: WaitSpec, deadline: int | None) -> None:
-    """The wait as reached: its kind, prompt and choices; its deadline as first fixed."""
-    tx(tx.sql.REACH, {"id": claim["id"], "name": wait.name, "kind": wait.kind, "prompt": wait.prompt,
-                      "choices": wait.choices, "deadline": deadline, "now": claim["now"]})  # fmt: skip
+def _record(tx: Tx, claim: Claim, wait: WaitSpec, deadline: int | None) -> list[Row]:
+    """The wait as reached: its kind, prompt and choices; its deadline as first fixed. Its row's
+    value (one sent already, if any)."""
+    return tx(tx.sql.REACH, {"id": claim["id"], "name": wait.name, "kind": wait.kind, "prompt": wait.prompt,
+                             "choices": wait.choices, "deadline": deadline, "now": claim["now"]})  # fmt: skip
 
 
 def _lock_claim(tx: Tx, claim: Claim, name: str) -> None:

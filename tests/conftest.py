@@ -131,6 +131,18 @@ def pg_url(pg_server: str) -> Iterator[str]:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+@pytest.fixture
+def pg_schema(pg_server: str) -> Iterator[str]:
+    """The name of a schema of the test's own, to build by hand (old versions); dropped after."""
+    import psycopg
+    from psycopg import sql as pg_sql
+
+    schema = f"nbq_mig_{uuid.uuid4().hex[:10]}"
+    yield schema
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pg_sql.Identifier(schema)))
+
+
 @pytest.fixture(scope="session")
 def pg_schemas(pg_server: str) -> Iterator[templates.SchemaPool]:
     """This process's migrated schemas, emptied between tests; all dropped at the end."""

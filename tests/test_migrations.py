@@ -7,8 +7,6 @@ same schema (the same tables, indexes and counts), which the last test checks.
 from __future__ import annotations
 
 import sqlite3
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -35,14 +33,6 @@ def sqlite_at(path: Path, version: int) -> None:
     conn.execute(f"PRAGMA application_id = {sqlite_queries.APPLICATION_ID}")
     conn.execute(OLD_ROW.format(t="nbqueue_jobs"))
     conn.close()
-
-
-@pytest.fixture
-def pg_schema(pg_server: str) -> Iterator[str]:
-    schema = f"nbq_mig_{uuid.uuid4().hex[:10]}"
-    yield schema
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(pg_sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pg_sql.Identifier(schema)))
 
 
 def postgres_at(server: str, schema: str, version: int) -> None:

@@ -14,9 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ import nbqueue
 from nbqueue import Queue
 from nbqueue.storage import postgres_queries, sqlite_queries
 from tests.helpers import MakeQueue, wait_until
-from tests.test_migrations import OLD_ROW
+from tests.test_migrations import postgres_at, sqlite_at
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = 11  # the schema version written by the code before jobs could wait
@@ -205,42 +203,8 @@ def test_process_mode_waits_and_resumes(queue: Queue, tmp_path: Path) -> None:
 
 # -- a queue written before jobs could wait (schema 11) ---------------------------------------
 
-# The migration scripts name every state the code knows, so versions 1 to 11 as this code holds
-# them already allow 'waiting'. The code before waits (commit c6d8ea1) wrote the same scripts
-# without it: its CHECK on status, and its unfinished states in the idempotency key's index.
-BEFORE_WAITS = {"'upstream_failed', 'waiting')": "'upstream_failed')", "'blocked', 'waiting')": "'blocked')"}
-
-
-def as_before_waits(script: str) -> str:
-    for new, old in BEFORE_WAITS.items():
-        script = script.replace(new, old)
-    assert "waiting" not in script
-    return script
-
-
-def sqlite_v11(path: Path) -> None:
-    """A SQLite queue file as the code before waits left it (schema 11), holding two jobs."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    for v in range(1, OLD + 1):
-        conn.executescript(as_before_waits(sqlite_queries.MIGRATIONS[v]))
-    conn.execute(f"PRAGMA user_version = {OLD}")
-    conn.execute(f"PRAGMA application_id = {sqlite_queries.APPLICATION_ID}")
-    conn.execute(OLD_ROW.format(t="nbqueue_jobs"))
-    conn.close()
-
-
-def postgres_v11(server: str, schema: str) -> None:
-    """A PostgreSQL queue schema as the code before waits left it (schema 11), holding two jobs."""
-    s = pg_sql.Identifier(schema)
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(pg_sql.SQL("CREATE SCHEMA {}").format(s))
-        for v in range(1, OLD + 1):
-            with conn.transaction():
-                for statement in postgres_queries.MIGRATIONS[v]:
-                    conn.execute(pg_sql.SQL(as_before_waits(statement)).format(s=s))  # type: ignore[arg-type]
-        conn.execute(pg_sql.SQL("CREATE TABLE {}.nbqueue_meta (version INTEGER NOT NULL)").format(s))
-        conn.execute(pg_sql.SQL("INSERT INTO {}.nbqueue_meta VALUES (%s)").format(s), (OLD,))
-        conn.execute(pg_sql.SQL(OLD_ROW).format(t=pg_sql.SQL("{}.nbqueue_jobs").format(s)))  # type: ignore[arg-type]
+# Migrations 1 to 11 are history (rules.ANY_STATE_V11_SQL): replayed, they write the schema the
+# code before waits left, whose CHECK on status knows no 'waiting' (tests/test_migrations.py).
 
 
 def check_old_queue_waits(q: Queue) -> None:
@@ -271,7 +235,7 @@ def check_old_queue_waits(q: Queue) -> None:
 
 def test_a_sqlite_file_of_schema_11_opens_and_its_jobs_can_wait(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
-    sqlite_v11(path)
+    sqlite_at(path, OLD)
     conn = sqlite3.connect(path, isolation_level=None)
     with pytest.raises(sqlite3.IntegrityError):  # the old CHECK knows no 'waiting'
         conn.execute("UPDATE nbqueue_jobs SET status = 'waiting' WHERE id = 1")
@@ -300,14 +264,6 @@ def schema_of(path: Path) -> list[tuple[str, str, str]]:
         conn.close()
 
 
-@pytest.fixture
-def pg_schema(pg_server: str) -> Iterator[str]:
-    schema = f"nbq_waits_{uuid.uuid4().hex[:10]}"
-    yield schema
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(pg_sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pg_sql.Identifier(schema)))
-
-
 STATUS_CHECKS = (
     "SELECT c.conname, pg_get_constraintdef(c.oid), c.convalidated FROM pg_constraint c "
     "JOIN pg_class t ON t.oid = c.conrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
@@ -316,7 +272,7 @@ STATUS_CHECKS = (
 
 
 def test_a_postgres_schema_of_version_11_opens_and_its_jobs_can_wait(pg_server: str, pg_schema: str) -> None:
-    postgres_v11(pg_server, pg_schema)
+    postgres_at(pg_server, pg_schema, OLD)
     table = pg_sql.SQL("{}.nbqueue_jobs").format(pg_sql.Identifier(pg_schema))
     with psycopg.connect(pg_server, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.CheckViolation):  # the old CHECK knows no 'waiting'

@@ -720,13 +720,14 @@ def test_a_dead_child_fails_the_waiter_and_its_requeue_rearms_it(queue: Queue, t
     job = waiter.enqueue()
     with queue.worker(concurrency=2, **QUICK):
         until_status(queue, job, "upstream_failed")
-        failed = queue.get(job.id)
-        [dead_child] = queue.jobs(status="dead")
-        assert failed.root_cause == dead_child.id
-        fixed.touch()
-        assert queue.requeue(dead_child) == 1
-        rearmed = queue.get(job.id)
-        assert rearmed.status in ("waiting", "blocked") and rearmed.root_cause is None
+    failed = queue.get(job.id)
+    [dead_child] = queue.jobs(status="dead")
+    assert failed.root_cause == dead_child.id
+    fixed.touch()
+    assert queue.requeue(dead_child) == 1  # (no worker runs: the re-armed state stays to be seen)
+    rearmed = queue.get(job.id)
+    assert rearmed.status in ("waiting", "blocked") and rearmed.root_cause is None
+    with queue.worker(concurrency=2, **QUICK):
         until_status(queue, dead_child, "completed")
         try:
             value = job.result(timeout=5)

@@ -36,6 +36,7 @@ from .notebooks import CellFailed, NotebookError, output
 from .queue import Queue
 from .retry import Backoff, RetryAfter
 from .steps import step
+from .streams import Dropped, emit
 from .suspend import Suspended, sleep, sleep_until, wait_for, wait_for_jobs
 from .tasks import Task
 from .worker import Worker
@@ -53,6 +54,7 @@ __all__ = [
     "CellFailed",
     "DamagedJob",
     "DatabaseFull",
+    "Dropped",
     "FamilyTooLarge",
     "ForeignLoopError",
     "InvalidArgument",
@@ -86,6 +88,7 @@ __all__ = [
     "Workflow",
     "__version__",
     "cancelled",
+    "emit",
     "output",
     "per_loop",
     "progress",

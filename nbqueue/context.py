@@ -28,6 +28,7 @@ from .payload import error_text
 
 if TYPE_CHECKING:
     from .records import Reached, Suspension, WaitSpec
+    from .streams import Emitter
 
 THROTTLE = 0.5  # seconds between progress writes: a tight loop must not hammer the database
 
@@ -130,6 +131,7 @@ class JobContext:
     waited: set[str] = field(default_factory=set)  # wait and sleep names reached in this run
     suspended: bool = False  # this run ended in a wait: the job is `waiting`, not failed
     suspension: Suspension | None = None  # ... which its worker is to write (with its batch)
+    emitter: Emitter | None = None  # its stream (nbqueue.emit); None: emits go nowhere
     last_write: float = float("-inf")
     last_check: float = float("-inf")
 

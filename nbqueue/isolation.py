@@ -60,11 +60,12 @@ from . import errors
 from . import payload as payload_json
 from .capture import tail
 from .context import JobContext, StepBook, running
-from .errors import InvalidArgument, NbqueueError
+from .errors import InvalidArgument, LeaseLost, NbqueueError
 from .jobs import Job
 from .policy import Errors, gives_up
 from .records import Reached, WaitSpec
 from .retry import RetryAfter, retry_after
+from .streams import Emitter
 from .suspend import note_suspension
 
 log = logging.getLogger("nbqueue.worker")
@@ -169,6 +170,12 @@ def run_in_child(
                     if steps is not None:
                         stored = steps.write(body["name"], body["value"], body["error"], int(body["started"]))
                     answer.send_bytes(json.dumps({"value": stored}).encode())
+                    continue
+                if kind == "emit":  # written here, under the lease, in the order emitted
+                    if context.emitter is not None:
+                        with contextlib.suppress(LeaseLost):  # refused: the child's items are dropped
+                            for text in body["texts"]:
+                                context.emitter.add(text)
                     continue
                 if kind == "wait":  # reached here, under the lease; the child suspends if told to
                     answer.send_bytes(json.dumps(_reach(context, body)).encode())
@@ -275,10 +282,18 @@ def _decode(data: bytes) -> tuple[str, dict[str, Any]]:
         "raised": {"error": _text, "output": _text_or_none, "final": _flag, "snooze": _snooze},
         "unloadable": {"error": _text},
         "wait": {"wait": _wait},
+        "emit": {"texts": _texts},
     }.get(kind)  # type: ignore[arg-type]
     if fields is None or set(message) != {"kind", *fields}:
         raise _BadMessage(f"it sent a JSON message that is not one of nbqueue's: {str(message)[:200]}")
     return str(kind), {name: check(message[name], name) for name, check in fields.items()}
+
+
+def _texts(value: Any, name: str) -> list[str]:
+    """A child's emitted items: a list of JSON texts, each checked."""
+    if not isinstance(value, list):
+        raise _BadMessage(f"{name} is not a list of items")
+    return [str(_json_or_none(text, name)) for text in value]
 
 
 def _wait(value: Any, name: str) -> dict[str, Any]:
@@ -383,12 +398,20 @@ def _child(send: Any, answers: Any, shipped: bytes) -> None:
                 post("wait", wait=dataclasses.asdict(wait))
                 return _reached(json.loads(answers.recv_bytes()))
 
+        def send_items(items: list[tuple[int, str]]) -> bool:
+            post("emit", texts=[text for _, text in items])
+            return True  # (the parent writes them under the claim, and drops a stale run's)
+
         steps = None if recorded is None else StepBook(job.id, lambda: recorded, record)
+        emitter = Emitter(job.id, send_items)
         try:
-            with running(JobContext(job, report, steps=steps, reach=reach)):
-                value = fn(*job.args, **job.kwargs)
-                if inspect.iscoroutine(value):  # an async handler: its own loop in the child
-                    value = asyncio.run(value)
+            with running(JobContext(job, report, steps=steps, reach=reach, emitter=emitter)):
+                try:
+                    value = fn(*job.args, **job.kwargs)
+                    if inspect.iscoroutine(value):  # an async handler: its own loop in the child
+                        value = asyncio.run(value)
+                finally:
+                    emitter.close()  # every item goes up before the outcome does
             post("returned", result=payload_json.dumps(value, "result"), output=tail(buffer.getvalue()))
         except BaseException as exc:  # the job's failure, reported to the parent
             # Decided here, where the error is still an object: the parent gets only its text.

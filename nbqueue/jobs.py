@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import html
 import json
-from collections.abc import Coroutine, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Coroutine, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -187,6 +187,18 @@ class JobSource(Protocol):
         """What a waiting job waits for, as text (None unless it waits)."""
         ...
 
+    def stream(
+        self, job_id: int, follow: bool = True, attempt: int | None = None, timeout: float | None = None
+    ) -> Iterator[Any]:
+        """What the job emitted (nbqueue.emit), then, with `follow`, what it emits until it finishes."""
+        ...
+
+    def astream(
+        self, job_id: int, follow: bool = True, attempt: int | None = None, timeout: float | None = None
+    ) -> AsyncIterator[Any]:
+        """The same, for a coroutine or a notebook cell."""
+        ...
+
 
 @dataclass(slots=True, eq=False, repr=False)
 class Job:
@@ -312,6 +324,23 @@ class Job:
     def children(self) -> list[int]:
         """The ids of the jobs that wait for this one."""
         return self._bound().relatives(self.id)[1]
+
+    def stream(
+        self, follow: bool = True, attempt: int | None = None, timeout: float | None = None
+    ) -> Iterator[Any]:
+        """What this job emitted (`nbqueue.emit`), in order: its latest attempt's items (or
+        `attempt`'s), then, with `follow`, each new one as it comes (within about 100 ms) until
+        the job finishes, across its retries and waits (a retry's new stream is read from its
+        start; a `Dropped` note stands for items the stream's bound dropped). From any process
+        or machine. WaitTimeout if it is unfinished after `timeout` seconds."""
+        return self._bound().stream(self.id, follow, attempt, timeout)
+
+    def astream(
+        self, follow: bool = True, attempt: int | None = None, timeout: float | None = None
+    ) -> AsyncIterator[Any]:
+        """`async for item in job.astream():` the same as `stream`, in a coroutine or a notebook
+        cell; the caller's event loop stays free."""
+        return self._bound().astream(self.id, follow, attempt, timeout)
 
     @property
     def waits_for(self) -> str | None:

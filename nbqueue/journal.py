@@ -15,6 +15,7 @@ from .jobs import Job
 from .options import check_id
 from .records import StepRow
 from .storage import StepRecord, Storage
+from .streams import Emitter
 
 
 class Journal:
@@ -31,6 +32,14 @@ class Journal:
             return self.storage.record_step(step)
 
         return StepBook(job.id, lambda: self.storage.step_values(job.id), record)
+
+    def emitter(self, job: Job, bound: int) -> Emitter:
+        """The stream of this claim of `job` (its attempt: retries + 1), keeping `bound` bytes."""
+
+        def write(items: list[tuple[int, str]]) -> bool:
+            return self.storage.emit(job.id, job.attempts, job.retries + 1, items, bound)
+
+        return Emitter(job.id, write)
 
     def steps(self, job_id: int) -> list[StepRow]:
         """A job's recorded steps: name, value, error, attempt, started_at, finished_at."""

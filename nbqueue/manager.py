@@ -14,11 +14,11 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import dependencies, limits, policy, waiting
+from . import dependencies, limits, policy, streams, waiting
 from . import payload as payload_json
 from . import tasks as registry
 from .admin import EVERY_STEP, Admin
@@ -404,6 +404,7 @@ class JobManager:
             steps=self.journal.step_book(job),
             save_file=functools.partial(self.journal.save_file, job),
             reach=functools.partial(self.inbox.reach, job),
+            emitter=self.journal.emitter(job, registry.stream_bytes(job.task)),
         )
 
     def record_progress(self, job: Job, done: float, total: float | None, message: str) -> bool:
@@ -445,6 +446,30 @@ class JobManager:
     def load_file(self, job_id: int, name: str) -> str | None:
         """A file kept with the job, as its Job reads it (JobSource)."""
         return self.journal.load_file(job_id, name)
+
+    def stream(
+        self, job_id: int, follow: bool = True, attempt: int | None = None, timeout: float | None = None
+    ) -> Iterator[Any]:
+        """A job's stream, as its Job reads it (JobSource): nbqueue.streams.read."""
+        return streams.read(self, check_id(job_id), follow, attempt, timeout)
+
+    def astream(
+        self, job_id: int, follow: bool = True, attempt: int | None = None, timeout: float | None = None
+    ) -> AsyncIterator[Any]:
+        """The same, for a coroutine or a cell (JobSource)."""
+        return streams.aread(self, check_id(job_id), follow, attempt, timeout)
+
+    def stream_head(self, job_id: int, most: int) -> tuple[int, int] | None:
+        """The newest attempt up to `most` with items, and the first it keeps (StreamSource)."""
+        return self.storage.stream_head(job_id, most)
+
+    def stream_items(self, job_id: int, run: int, after: int, limit: int) -> list[tuple[int, str]]:
+        """Items of attempt `run` after `after` (StreamSource)."""
+        return self.storage.stream_items(job_id, run, after, limit)
+
+    def stream_last(self, job_ids: Sequence[int]) -> dict[int, str]:
+        """Each job's newest item (JSON text), for the jobs that emitted any."""
+        return self.storage.stream_last([check_id(i) for i in job_ids])
 
     def waits_for(self, job_id: int) -> str | None:
         """What a waiting job waits for, as text (JobSource)."""

@@ -114,6 +114,7 @@ class Queue(Reads):
         limits: Sequence[str] | Mapping[str, int] | None = None,
         retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        stream_bytes: int | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -133,6 +134,7 @@ class Queue(Reads):
         limits: Sequence[str] | Mapping[str, int] | None = None,
         retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        stream_bytes: int | None = None,
     ) -> Any:
         """Register a function as a task: ``@q.task`` or ``@q.task(max_retries=5, ...)``.
 
@@ -147,7 +149,8 @@ class Queue(Reads):
         key allows): a list, one unit each, or {key: units}. `retry_on` retries only those
         errors (others are dead at once); `give_up_on` makes those dead at once (it wins when
         both match). A snooze (`nbqueue.RetryAfter`, an HTTP 429/503 with Retry-After) applies
-        whatever they say.
+        whatever they say. `stream_bytes` is what a stream of its jobs (`nbqueue.emit`) keeps per
+        attempt, its newest items (default 1 MiB).
         """
         options = JobOptions(
             queue=queue,
@@ -160,6 +163,10 @@ class Queue(Reads):
         if backoff is not None and not isinstance(backoff, Backoff):
             raise InvalidArgument("backoff must be an nbqueue.Backoff")
         hooks = check_hook(on_complete, "on_complete"), check_hook(on_dead, "on_dead")
+        if stream_bytes is not None and (
+            isinstance(stream_bytes, bool) or not isinstance(stream_bytes, int) or stream_bytes < 1
+        ):
+            raise InvalidArgument(f"stream_bytes is a whole number of bytes >= 1, not {stream_bytes!r}")
 
         def wrap(f: Callable[..., Any]) -> Task[Any, Any]:
             if not callable(f):
@@ -176,6 +183,7 @@ class Queue(Reads):
                 signed=signed,
                 retry_on=errors[0],
                 give_up_on=errors[1],
+                stream_bytes=stream_bytes,
             )
             registry.register(task)
             return task

@@ -6,6 +6,7 @@ manager behind them), so what they show is what a user can ask for too.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -202,6 +203,12 @@ class Reads:
             wait = open_wait([r for r in rows if r.job_id == job.id])
             found.append((job, wait, describe(wait, now)))
         return found
+
+    def last_items(self, jobs: Sequence[Job | int]) -> dict[int, Any]:
+        """Each job's newest emitted item (`nbqueue.emit`), by id, for the jobs that emitted any."""
+        return {
+            i: json.loads(text) for i, text in self.manager.stream_last(waiting.job_ids(list(jobs))).items()
+        }
 
     def waits(self, job: Job | int) -> list[WaitRow]:
         """Everything a job waited for and was sent, in the order it reached it: name, kind,

@@ -53,6 +53,7 @@ class Task(Generic[P, R]):
     give_up_on: tuple[type[BaseException], ...] = ()  # these errors are dead at once
     on_complete: Callable[[Job], object] | None = None  # called after the outcome is committed
     on_dead: Callable[[Job], object] | None = None
+    stream_bytes: int | None = None  # what a stream of its jobs keeps per attempt (None: the default)
 
     @property
     def queue(self) -> str:
@@ -146,6 +147,16 @@ def find(name: str | None) -> Task[Any, Any] | None:
     """The task registered under `name`, or None."""
     with _registry_lock:
         return None if name is None else _registry.get(name)
+
+
+#: What a stream keeps per attempt unless its task says otherwise: 1 MiB of its newest items.
+STREAM_BYTES = 1 << 20
+
+
+def stream_bytes(name: str | None) -> int:
+    """The bytes a stream of the task's jobs keeps per attempt (`@q.task(stream_bytes=...)`)."""
+    task = find(name)
+    return STREAM_BYTES if task is None or task.stream_bytes is None else task.stream_bytes
 
 
 def lookup(name: str) -> Task[Any, Any]:

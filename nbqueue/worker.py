@@ -539,6 +539,8 @@ class Worker:
         finally:
             if not launched:  # ours only if no timeout or stop took it (and no newer claim)
                 owned = self.flights.land(flight)
+                if context.emitter is not None:  # what it emitted is stored before its outcome
+                    context.emitter.close()
         output = tail(buffer.getvalue())
         if context.suspended:  # it waits: written with the batch's next commit, if not already
             if context.suspension is not None:

@@ -184,6 +184,25 @@ class Storage(Protocol):
         """The steps a job completed: name -> JSON value."""
         ...
 
+    def emit(self, job_id: int, attempt: int, run: int, items: Sequence[tuple[int, str]], bound: int) -> bool:
+        """Under the live claim (job_id, attempt), store a run's (seq, JSON text) items in attempt
+        `run`'s stream (each once), then keep at most `bound` bytes of it (the newest item always).
+        False (nothing stored) if the claim is gone."""
+        ...
+
+    def stream_head(self, job_id: int, most: int) -> tuple[int, int] | None:
+        """The newest attempt up to `most` that has items, and the first item it keeps (before it,
+        dropped by the bound); None if none."""
+        ...
+
+    def stream_items(self, job_id: int, run: int, after: int, limit: int) -> list[tuple[int, str]]:
+        """Items of attempt `run` numbered after `after`, in order: (seq, JSON text)."""
+        ...
+
+    def stream_last(self, job_ids: Sequence[int]) -> dict[int, str]:
+        """Each job's newest item (JSON text), for the jobs that emitted any."""
+        ...
+
     def peek_wait(self, job_id: int, name: str) -> tuple[Row | None, bool]:
         """A wait's row as stored now (kind, choices, deadline, value, expired_at; None if none),
         and whether the job has a step of that name: read, not written."""

@@ -33,7 +33,7 @@ from .rules import (
 )
 from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 SIGNED, NONCE = signed_run("new")
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
@@ -259,9 +259,23 @@ MIGRATIONS: dict[int, list[str]] = {
         f"WHERE key IS NOT NULL AND {UNFINISHED_SQL}",
         _attempt_function("CREATE OR REPLACE", ATTEMPT_OUTCOME_V12_SQL, ATTEMPT_ERROR_V12_SQL),
     ],
+    # What running jobs emit (the same meaning as SQLite's version 13; deleted with the job).
+    13: [
+        "CREATE TABLE {s}.nbqueue_stream (job_id BIGINT NOT NULL, attempt INTEGER NOT NULL, "
+        "seq BIGINT NOT NULL, value TEXT NOT NULL, bytes INTEGER NOT NULL, "
+        "PRIMARY KEY (job_id, attempt, seq))",
+    ],
 }
 
 SELECT_JOBS = f"SELECT {JOB_COLUMNS} FROM nbqueue_jobs"
+# A run's items (two arrays: numbers and JSON texts), each stored once (a resumed run emits again
+# from 0), none below the oldest kept (what the bound dropped stays dropped).
+EMIT = (
+    "INSERT INTO nbqueue_stream (job_id, attempt, seq, value, bytes) SELECT :id, :run, s.seq, s.value, "
+    "octet_length(s.value) FROM unnest(CAST(:seqs AS bigint[]), CAST(:texts AS text[])) AS s(seq, value) "
+    "WHERE s.seq >= coalesce((SELECT min(seq) FROM nbqueue_stream WHERE job_id = :id AND attempt = :run), 0) "
+    "ON CONFLICT DO NOTHING"
+)
 RETURNING_JOB = "RETURNING " + ", ".join(f"nbqueue_jobs.{c}" for c in COLUMNS)
 # Tasks this claim may take; of `signed` tasks, only jobs that carry a signature (checked after).
 TASK_ALLOWED = (
@@ -464,6 +478,7 @@ _FORGET_GONE = (
     "files AS (DELETE FROM nbqueue_files WHERE job_id IN (SELECT id FROM gone)), "
     "attempts AS (DELETE FROM nbqueue_attempts WHERE job_id IN (SELECT id FROM gone)), "
     "waits AS (DELETE FROM nbqueue_waits WHERE job_id IN (SELECT id FROM gone)), "
+    "stream AS (DELETE FROM nbqueue_stream WHERE job_id IN (SELECT id FROM gone)), "
     "parents AS (DELETE FROM nbqueue_edges WHERE parent IN (SELECT id FROM gone)), "
     "children AS (DELETE FROM nbqueue_edges WHERE child IN (SELECT id FROM gone))"
 )
@@ -544,5 +559,6 @@ SQL = build(
         LOCK_KEYS=LOCK_KEYS,
         IN_FLIGHT=IN_FLIGHT,
         TAKE_ID=TAKE_ID,
+        EMIT=EMIT,
     ),
 )

@@ -199,6 +199,36 @@ class SqlStorage:
         held = self._read(self.sql.STEP_OF, params)  # recorded before (a parallel twin), if the claim lives
         return str(held[0][0]) if held and self._read(self.sql.STILL_CLAIMED, params) else None
 
+    # -- streams (nbqueue.emit) -------------------------------------------------------
+
+    def emit(self, job_id: int, attempt: int, run: int, items: Sequence[tuple[int, str]], bound: int) -> bool:
+        sql = self.sql
+        claim = {"id": job_id, "attempt": attempt, "now": self.stamp()}
+        params = {"id": job_id, "run": run, "items": [list(i) for i in items], "bound": bound}
+        params |= {"seqs": [seq for seq, _ in items], "texts": [text for _, text in items]}
+
+        def work(tx: Tx) -> bool:
+            if not tx(sql.LOCK_CLAIM, claim):  # only the claim's holder writes its stream
+                return False
+            tx(sql.EMIT, params)
+            tx(sql.TRIM_STREAM, params)
+            return True
+
+        return self._transaction(work)
+
+    def stream_head(self, job_id: int, most: int) -> tuple[int, int] | None:
+        rows = self._read(self.sql.STREAM_HEAD, {"id": job_id, "most": most})
+        return (int(rows[0][0]), int(rows[0][1])) if rows else None
+
+    def stream_items(self, job_id: int, run: int, after: int, limit: int) -> list[tuple[int, str]]:
+        params = {"id": job_id, "run": run, "after": after, "limit": limit}
+        return [(int(seq), str(value)) for seq, value in self._read(self.sql.STREAM_ITEMS, params)]
+
+    def stream_last(self, job_ids: Sequence[int]) -> dict[int, str]:
+        if not job_ids:
+            return {}
+        return {int(i): str(v) for i, v in self._read(self.sql.STREAM_LAST, {"ids": list(job_ids)})}
+
     # -- jobs that wait (storage/waits.py) ------------------------------------------
 
     def peek_wait(self, job_id: int, name: str) -> tuple[Row | None, bool]:
@@ -277,6 +307,7 @@ class SqlStorage:
             tx(sql.FORGET_STEPS, {"id": job_id, "since": since})
             tx(sql.FORGET_WAITS, {"id": job_id, "since": since})  # and the waits and sleeps after it,
             tx(sql.FORGET_CHILDREN, {"id": job_id, "since": since})  # and the jobs it made after it
+            tx(sql.FORGET_STREAM, {"ids": [job_id]})  # its run emits afresh
             cascade.rearm(tx, [job_id], now)
             return True
 
@@ -496,7 +527,8 @@ class SqlStorage:
         def work(tx: Tx) -> list[int]:
             moved = sorted(int(r[0]) for r in tx(statement, params))
             if moved:  # the graph comes back with them, in the same transaction
-                tx(sql.FORGET_EXPIRIES, {"ids": moved})  # a fresh start: its waits reached anew
+                tx(sql.FORGET_EXPIRIES, {"ids": moved})  # a fresh start: its waits reached anew,
+                tx(sql.FORGET_STREAM, {"ids": moved})  # and its streams begun anew
                 cascade.rearm(tx, moved, now)
             return moved
 

@@ -28,7 +28,7 @@ from .rules import (
 )
 from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 # The job columns as of version 5, copied when version 6 rebuilds the table.
 COLS_V5 = (
@@ -311,6 +311,23 @@ MIGRATIONS: dict[int, str] = {
         DELETE FROM nbqueue_edges WHERE child = old.id;
     END;
     """,
+    # What running jobs emit (nbqueue.emit): items numbered per attempt, kept with the job.
+    13: """
+    CREATE TABLE nbqueue_stream (
+        job_id INTEGER NOT NULL, attempt INTEGER NOT NULL, seq INTEGER NOT NULL, value TEXT NOT NULL,
+        bytes INTEGER NOT NULL, PRIMARY KEY (job_id, attempt, seq)
+    ) WITHOUT ROWID;
+    DROP TRIGGER nbqueue_forget;
+    CREATE TRIGGER nbqueue_forget AFTER DELETE ON nbqueue_jobs BEGIN
+        DELETE FROM nbqueue_steps WHERE job_id = old.id;
+        DELETE FROM nbqueue_files WHERE job_id = old.id;
+        DELETE FROM nbqueue_attempts WHERE job_id = old.id;
+        DELETE FROM nbqueue_waits WHERE job_id = old.id;
+        DELETE FROM nbqueue_stream WHERE job_id = old.id;
+        DELETE FROM nbqueue_edges WHERE parent = old.id;
+        DELETE FROM nbqueue_edges WHERE child = old.id;
+    END;
+    """,
 }
 #: The version whose script first needs the state `waiting` allowed by the CHECK on status.
 WIDEN_STATES_AT = 12
@@ -408,6 +425,18 @@ CLAIM_MORE_IN_QUEUE = (
     f"{TAKE} WHERE id IN (SELECT id FROM {CLAIM_INDEX} WHERE {CLAIMABLE_SQL} AND queue = :queue "
     f"AND gate = '' AND run_at <= :now AND {TASK_ALLOWED} ORDER BY {CLAIM_ORDER} LIMIT :claims) "
     f"{RETURNING_JOB}"
+)
+
+# -- streams (nbqueue.emit) ----------------------------------------------------------------
+
+# A run's items, [[seq, JSON text], ...], each stored once (a resumed run emits again from 0),
+# none below the oldest kept (what the bound dropped stays dropped).
+EMIT = (
+    "INSERT INTO nbqueue_stream (job_id, attempt, seq, value, bytes) SELECT :id, :run, "
+    "json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'), "
+    "length(CAST(json_extract(e.value, '$[1]') AS BLOB)) FROM json_each(:items) AS e "
+    "WHERE json_extract(e.value, '$[0]') >= coalesce((SELECT min(seq) FROM nbqueue_stream "
+    "WHERE job_id = :id AND attempt = :run), 0) ON CONFLICT DO NOTHING"
 )
 
 # -- limits --------------------------------------------------------------------------------
@@ -519,5 +548,6 @@ SQL = build(
         LOCK_KEYS=LOCK_KEYS,
         IN_FLIGHT=IN_FLIGHT,
         TAKE_ID=TAKE_ID,
+        EMIT=EMIT,
     ),
 )

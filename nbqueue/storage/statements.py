@@ -117,6 +117,7 @@ class Written:
     LOCK_KEYS: str
     IN_FLIGHT: str
     TAKE_ID: str
+    EMIT: str  # a run's items into its stream (their list is bound each backend's way)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +222,12 @@ class Statements(Written):
     FORGET_EXPIRIES: str
     FORGET_WAITS: str
     FORGET_CHILDREN: str
+    # streams (nbqueue.emit)
+    TRIM_STREAM: str
+    STREAM_ITEMS: str
+    STREAM_HEAD: str
+    STREAM_LAST: str
+    FORGET_STREAM: str
     # steps and files
     STEP_VALUES: str
     RECORD_STEP: str
@@ -584,6 +591,28 @@ def build(d: Dialect, w: Written) -> Statements:
         ),
         IN_WORKFLOW=r("SELECT id FROM nbqueue_jobs WHERE workflow = :workflow ORDER BY id"),
         **wait_statements(r, now, d.lock_row, d.wake, LIVE_CLAIM),
+        # A stream keeps at most :bound bytes of its newest items (and always the newest one).
+        TRIM_STREAM=r(
+            "DELETE FROM nbqueue_stream WHERE job_id = :id AND attempt = :run AND seq <= (SELECT max(seq) "
+            "FROM (SELECT seq, sum(bytes) OVER (ORDER BY seq DESC) AS tail FROM nbqueue_stream "
+            "WHERE job_id = :id AND attempt = :run) AS t WHERE tail > :bound) AND seq < (SELECT max(seq) "
+            "FROM nbqueue_stream WHERE job_id = :id AND attempt = :run)"
+        ),
+        STREAM_ITEMS=r(
+            "SELECT seq, value FROM nbqueue_stream WHERE job_id = :id AND attempt = :run AND seq > :after "
+            "ORDER BY seq LIMIT :limit"
+        ),
+        # A job's newest attempt that emitted, and the first item it keeps (before: dropped).
+        STREAM_HEAD=r(
+            "SELECT attempt, min(seq) FROM nbqueue_stream WHERE job_id = :id AND attempt = (SELECT "
+            "max(attempt) FROM nbqueue_stream WHERE job_id = :id AND attempt <= :most) GROUP BY attempt"
+        ),
+        STREAM_LAST=r(
+            "SELECT s.job_id, s.value FROM nbqueue_stream s WHERE s.job_id IN [:ids::bigint] AND s.seq = "
+            "(SELECT max(seq) FROM nbqueue_stream l WHERE l.job_id = s.job_id AND l.attempt = s.attempt) "
+            "AND s.attempt = (SELECT max(attempt) FROM nbqueue_stream a WHERE a.job_id = s.job_id)"
+        ),
+        FORGET_STREAM=r("DELETE FROM nbqueue_stream WHERE job_id IN [:ids::bigint]"),
         # A replay from a step makes afresh the jobs the job made after it (they keep their rows).
         FORGET_CHILDREN=r(
             "UPDATE nbqueue_jobs SET origin = NULL WHERE spawned_by = :id AND origin IS NOT NULL "

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import payload as payload_json
 from .errors import InvalidArgument, LeaseLost, NbqueueError, PayloadError, Unretryable
@@ -28,7 +28,6 @@ from .payload import error_text
 
 if TYPE_CHECKING:
     from .records import Reached, Suspension, WaitSpec
-    from .streams import Emitter
 
 THROTTLE = 0.5  # seconds between progress writes: a tight loop must not hammer the database
 
@@ -47,6 +46,18 @@ Report = Callable[[float, float | None, str], bool]
 
 StillClaimed = Callable[[], bool]
 """Re-reads whether the job's claim is still live."""
+
+
+class Emits(Protocol):
+    """A run's stream, as the job's context holds it (nbqueue.streams.Emitter)."""
+
+    def add(self, text: str) -> None:
+        """Append an item (JSON text)."""
+        ...
+
+    def close(self) -> None:
+        """Write everything added."""
+        ...
 
 
 #: Records a step: (name, value as JSON text or None, error text or None, started µs) -> the value
@@ -131,9 +142,15 @@ class JobContext:
     waited: set[str] = field(default_factory=set)  # wait and sleep names reached in this run
     suspended: bool = False  # this run ended in a wait: the job is `waiting`, not failed
     suspension: Suspension | None = None  # ... which its worker is to write (with its batch)
-    emitter: Emitter | None = None  # its stream (nbqueue.emit); None: emits go nowhere
+    emitter: Emits | None = None  # its stream (nbqueue.streams.Emitter); None: emits go nowhere
     last_write: float = float("-inf")
     last_check: float = float("-inf")
+
+    def close_stream(self) -> None:
+        """Write what the run emitted: before its outcome is recorded, so a reader that sees the
+        job finished has seen all of it."""
+        if self.emitter is not None:
+            self.emitter.close()
 
 
 # A context variable, not a thread-local: it follows a job across threads it starts with

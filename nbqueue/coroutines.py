@@ -105,8 +105,7 @@ class Coroutines:
         """Record a coroutine job's outcome (in a reporter thread)."""
         try:
             owned = self.flights.land(flight)
-            if flight.context.emitter is not None:  # what it emitted is stored before its outcome
-                flight.context.emitter.close()
+            flight.context.close_stream()
             if flight.context.suspended:  # it waits: its suspension to write, if not already
                 outcome = Outcome(Ending.SUSPENDED, flight.context.suspension)
             if not owned or outcome.ending is Ending.CANCELLED:

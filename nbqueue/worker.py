@@ -539,8 +539,7 @@ class Worker:
         finally:
             if not launched:  # ours only if no timeout or stop took it (and no newer claim)
                 owned = self.flights.land(flight)
-                if context.emitter is not None:  # what it emitted is stored before its outcome
-                    context.emitter.close()
+                context.close_stream()
         output = tail(buffer.getvalue())
         if context.suspended:  # it waits: written with the batch's next commit, if not already
             if context.suspension is not None:
@@ -686,11 +685,8 @@ class Worker:
 
     def _hook(self, job: Job, which: str) -> None:
         """Run a task's on_complete / on_dead hook; its errors are logged, never raised."""
-        try:
-            hook = getattr(registry.lookup(job.task or ""), which)
-        except NbqueueError:
-            return
-        if hook is None:
+        task = registry.find(job.task)
+        if (hook := None if task is None else getattr(task, which)) is None:
             return
         try:
             hook(job if which == "on_complete" else self.manager.get(job.id))

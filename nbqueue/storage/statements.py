@@ -593,10 +593,11 @@ def build(d: Dialect, w: Written) -> Statements:
         **wait_statements(r, now, d.lock_row, d.wake, LIVE_CLAIM),
         # A stream keeps at most :bound bytes of its newest items (and always the newest one).
         TRIM_STREAM=r(
-            "DELETE FROM nbqueue_stream WHERE job_id = :id AND attempt = :run AND seq <= (SELECT max(seq) "
+            "DELETE FROM nbqueue_stream WHERE job_id = :id AND attempt = :run AND seq <= (SELECT seq "
             "FROM (SELECT seq, sum(bytes) OVER (ORDER BY seq DESC) AS tail FROM nbqueue_stream "
-            "WHERE job_id = :id AND attempt = :run) AS t WHERE tail > :bound) AND seq < (SELECT max(seq) "
-            "FROM nbqueue_stream WHERE job_id = :id AND attempt = :run)"
+            "WHERE job_id = :id AND attempt = :run) AS t WHERE tail > :bound ORDER BY seq DESC LIMIT 1) "
+            "AND seq < (SELECT seq FROM nbqueue_stream WHERE job_id = :id AND attempt = :run "
+            "ORDER BY seq DESC LIMIT 1)"
         ),
         STREAM_ITEMS=r(
             "SELECT seq, value FROM nbqueue_stream WHERE job_id = :id AND attempt = :run AND seq > :after "
@@ -604,13 +605,15 @@ def build(d: Dialect, w: Written) -> Statements:
         ),
         # A job's newest attempt that emitted, and the first item it keeps (before: dropped).
         STREAM_HEAD=r(
-            "SELECT attempt, min(seq) FROM nbqueue_stream WHERE job_id = :id AND attempt = (SELECT "
-            "max(attempt) FROM nbqueue_stream WHERE job_id = :id AND attempt <= :most) GROUP BY attempt"
+            "SELECT attempt, min(seq) FROM nbqueue_stream WHERE job_id = :id AND attempt = (SELECT attempt "
+            "FROM nbqueue_stream WHERE job_id = :id AND attempt <= :most ORDER BY attempt DESC LIMIT 1) "
+            "GROUP BY attempt"
         ),
         STREAM_LAST=r(
             "SELECT s.job_id, s.value FROM nbqueue_stream s WHERE s.job_id IN [:ids::bigint] AND s.seq = "
-            "(SELECT max(seq) FROM nbqueue_stream l WHERE l.job_id = s.job_id AND l.attempt = s.attempt) "
-            "AND s.attempt = (SELECT max(attempt) FROM nbqueue_stream a WHERE a.job_id = s.job_id)"
+            "(SELECT l.seq FROM nbqueue_stream l WHERE l.job_id = s.job_id AND l.attempt = s.attempt "
+            "ORDER BY l.seq DESC LIMIT 1) AND s.attempt = (SELECT a.attempt FROM nbqueue_stream a "
+            "WHERE a.job_id = s.job_id ORDER BY a.attempt DESC LIMIT 1)"
         ),
         FORGET_STREAM=r("DELETE FROM nbqueue_stream WHERE job_id IN [:ids::bigint]"),
         # A replay from a step makes afresh the jobs the job made after it (they keep their rows).

@@ -398,7 +398,7 @@ def _child(send: Any, answers: Any, shipped: bytes) -> None:
                 post("wait", wait=dataclasses.asdict(wait))
                 return _reached(json.loads(answers.recv_bytes()))
 
-        def send_items(items: list[tuple[int, str]]) -> bool:
+        def send_items(items: list[tuple[int, str]], cut: bool) -> bool:
             post("emit", texts=[text for _, text in items])
             return True  # (the parent writes them under the claim, and drops a stale run's)
 

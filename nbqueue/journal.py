@@ -36,10 +36,10 @@ class Journal:
     def emitter(self, job: Job, bound: int) -> Emitter:
         """The stream of this claim of `job` (its attempt: retries + 1), keeping `bound` bytes."""
 
-        def write(items: list[tuple[int, str]]) -> bool:
-            return self.storage.emit(job.id, job.attempts, job.retries + 1, items, bound)
+        def write(items: list[tuple[int, str]], cut: bool) -> bool:
+            return self.storage.emit(job.id, job.attempts, job.retries + 1, items, bound if cut else None)
 
-        return Emitter(job.id, write)
+        return Emitter(job.id, write, bound)
 
     def steps(self, job_id: int) -> list[StepRow]:
         """A job's recorded steps: name, value, error, attempt, started_at, finished_at."""

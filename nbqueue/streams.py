@@ -17,8 +17,9 @@ Within an attempt they are numbered in the order emitted; a run resumed after a 
 again from 0, and an item stored under its number is not stored twice. Emitting is cheap:
 a run's items are written in small batches (every 50 ms, or 256 at once) under its claim, and
 all of them before its outcome is recorded. A stream keeps at most a set number of bytes
-per attempt (`@q.task(stream_bytes=...)`, 1 MiB by default), dropping the oldest whole items;
-a reader behind them gets a `Dropped` note first.
+per attempt (`@q.task(stream_bytes=...)`, 1 MiB by default), dropping the oldest whole items
+(while the job runs, a cut follows each eighth of the bound written: it may hold that much
+more meanwhile); a reader behind them gets a `Dropped` note first.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ FLUSH_AT = 256  # items that are written at once, without waiting
 PAGE = 1000  # items a reader reads at a time
 FOLLOW_PAUSE = (0.01, 0.1)  # a follower's first and longest pause between reads (seconds)
 
-#: Writes a run's (seq, JSON text) items under its claim; False once the claim is gone.
-Write = Callable[[list[tuple[int, str]]], bool]
+#: Writes a run's (seq, JSON text) items under its claim, and with `trim` cuts its stream to its
+#: bound; False once the claim is gone.
+Write = Callable[[list[tuple[int, str]], bool], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +86,13 @@ class Emitter:
     thread of its own every FLUSH_EVERY seconds, or at once when FLUSH_AT wait), and all of them
     by `close()`, which the worker calls before it records the run's outcome."""
 
-    def __init__(self, job_id: int, write: Write) -> None:
+    def __init__(self, job_id: int, write: Write, bound: int | None = None) -> None:
         self.job_id = job_id
         self._write = write
+        # The stream is cut to its bound once a bound's eighth was written since (a cut reads
+        # the whole kept stream: not on every batch); None: never (a child's, sent to its parent).
+        self._cut_every = None if bound is None else max(1, bound // 8)
+        self._uncut = 0
         self._buffer: list[tuple[int, str]] = []
         self._next = 0
         self._lock = threading.Lock()  # the buffer
@@ -109,13 +115,20 @@ class Emitter:
         if full:
             self.flush()
 
-    def flush(self) -> None:
-        """Write what is buffered (in order); a refusal is remembered for the next `add`."""
+    def flush(self, last: bool = False) -> None:
+        """Write what is buffered (in order); a refusal is remembered for the next `add`. The
+        `last` write cuts the stream to its bound whatever was written since the last cut."""
         with self._writing:
             with self._lock:
                 items, self._buffer = self._buffer, []
-            if items and not self._refused and not self._write(items):
+            if not items or self._refused:
+                return
+            self._uncut += sum(len(text) for _, text in items)
+            cut = self._cut_every is not None and (last or self._uncut >= self._cut_every)
+            if not self._write(items, cut):
                 self._refused = True
+            elif cut:
+                self._uncut = 0
 
     def close(self) -> None:
         """Write everything emitted and stop the flusher."""
@@ -123,7 +136,7 @@ class Emitter:
         if self._flusher is not None:
             self._flusher.join()
         with contextlib.suppress(NbqueueError):  # the storage is away: lost with the run
-            self.flush()
+            self.flush(last=True)
 
     def _flush_often(self) -> None:
         while not self._closed.wait(FLUSH_EVERY):

@@ -52,6 +52,10 @@ class LiveView(widgets.VBox):  # type: ignore[misc]
         """True while the refresh timer runs."""
         return self._timer is not None and self._timer.is_alive()
 
+    def stop(self) -> None:
+        """Stop refreshing; the widgets stay as they are (a view whose subject is finished)."""
+        self._closed.set()
+
     def close(self) -> None:
         """Stop refreshing and close the widgets."""
         self._closed.set()

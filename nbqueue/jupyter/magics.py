@@ -377,14 +377,27 @@ class NbqueueMagics(Magics):
     @argument("--queue", "-q", default=None)
     @argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     @argument("--graph", "-g", type=int, default=None, help="draw the graph job ID belongs to, live")
+    @argument("--follow", "-f", type=int, default=None, help="show what job ID emits, live until it ends")
     @line_magic("jobs")
     def jobs_magic(self, line: str) -> Any:
-        """%jobs [--status S] [--queue Q]: the live job board. %jobs --graph ID: a job's graph."""
+        """%jobs [--status S] [--queue Q]: the live job board. %jobs --graph ID: a job's graph.
+        %jobs --follow ID: a job's stream (nbqueue.emit), growing until the job finishes."""
         args = _parse(self.jobs_magic, line)
         if not 0 < args.interval < 3600:
             raise UsageError("--interval must be a number of seconds above 0 (and under an hour)")
+        if args.graph is not None and args.follow is not None:
+            raise UsageError("%jobs: --graph and --follow show one thing each; give one of them")
         from .views import GraphView, JobBoard  # noqa: PLC0415 - ipywidgets loads on first view
 
+        if args.follow is not None:
+            from .stream_view import StreamView  # noqa: PLC0415
+
+            try:
+                follower = StreamView(self.session.current(), args.follow, interval=args.interval)
+            except NbqueueError as exc:
+                raise UsageError(f"%jobs --follow: {exc}") from None
+            self.session.views.append(follower)
+            return follower
         if args.graph is not None:
             view = GraphView(self.session.current(), args.graph, interval=args.interval)
             self.session.views.append(view)

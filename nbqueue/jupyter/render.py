@@ -131,9 +131,10 @@ def _attempt_cell(said: str) -> str:
     return _titled(short, said)
 
 
-def _text_cell(job: Job, note: str | None = None, silent: bool = False) -> str:
-    """What a person should read about the job: its worker gone silent, what it waits for, or
-    its last error (the whole error on hover, and in the detail pane)."""
+def _text_cell(job: Job, note: str | None = None, silent: bool = False, last: str = "") -> str:
+    """What a person should read about the job: its worker gone silent, what it waits for, what
+    it emitted last (`last`, HTML) or its last error (the whole error on hover, and in the
+    detail pane)."""
     if silent:
         return (
             f"<span class='nbqueue-silent' style='color:{COLOURS[State.DEAD]}' "
@@ -143,6 +144,8 @@ def _text_cell(job: Job, note: str | None = None, silent: bool = False) -> str:
     if note:  # what a blocked or upstream_failed job waits for says more than its error
         colour = COLOURS[job.status]
         return f"<span class='nbqueue-waiting'>{_titled(note, style=f'color:{colour}')}</span>"
+    if last:  # a running job's stream says what it does now; an earlier attempt's error is history
+        return last
     error = html.escape(last_line(job.error) or "")
     if error and job.status is State.COMPLETED:  # kept in history; say it is not current
         return (
@@ -175,12 +178,14 @@ def jobs_table(
     selected: int = 0,
     now: datetime | None = None,
     progress: bool = True,
+    last: dict[int, str] | None = None,
 ) -> str:
     """An HTML table of jobs (escaped), one line each; `running` jobs pinned above the rest under
     their own heading; `notes` say what waiting jobs wait for; `silent` running jobs are marked;
-    `progress=False` leaves the progress column out (jobs that cannot be running)."""
+    `progress=False` leaves the progress column out (jobs that cannot be running); `last`: what
+    running jobs emitted last (HTML)."""
     now = now or datetime.now(UTC)
-    notes, silent = notes or {}, silent or set()
+    notes, silent, last = notes or {}, silent or set(), last or {}
     keep = [i for i in range(len(_COLUMNS)) if progress or i != PROGRESS]
     cols = "".join(f"<col style='width:{_COLUMNS[i][1]}'>" for i in keep)
     head = "".join(f"<th>{_COLUMNS[i][0]}</th>" for i in keep)
@@ -197,7 +202,7 @@ def jobs_table(
             _attempt_cell(attempt_text(job)),
             f"<span title='{job.updated_at:%Y-%m-%d %H:%M:%S} UTC'>{html.escape(when)}</span>",
             _progress_cell(job),
-            _text_cell(job, notes.get(job.id), job.id in silent),
+            _text_cell(job, notes.get(job.id), job.id in silent, last.get(job.id, "")),
         )
         chosen = " class='nbqueue-selected'" if job.id == selected else ""
         return (

@@ -50,6 +50,7 @@ from .render import (
     steps_html,
 )
 from .sign import Sign
+from .stream_view import last_item_cell, read_tail, stream_html
 from .table import PANE, ClickTable
 from .waits import for_a_person, waits_html
 from .waits import note as wait_note
@@ -135,6 +136,8 @@ class JobBoard(LiveView):
         self._updating = False
         self._detail_key: tuple[int, object, tuple[int, ...]] | None = None
         self._steps: tuple[object, str] = (None, "")  # a finished job's steps table, read once
+        self._shown: Job | None = None  # the job the detail pane shows, as last read whole
+        self._stream_mark: object = None  # the finished job whose stream is shown (read once)
         self.counts: dict[str, int] = {}
         self.rows: list[Job] = []
         self.running: list[Job] = []
@@ -203,6 +206,9 @@ class JobBoard(LiveView):
         )
         self.message = widgets.HTML()
         self.detail = ClickTable(**PANE, layout={"width": "auto"})  # a click on a graph's job opens it
+        # The stream has a widget of its own: read at each refresh while its job runs, it changes
+        # without the rest of the pane being read and drawn again.
+        self.stream_pane = widgets.HTML(layout={"width": "auto"})
         self.children = [
             widgets.HBox(
                 [widgets.HBox([self.title, self.sign]), self.refresh_button],
@@ -222,6 +228,7 @@ class JobBoard(LiveView):
             self.table,
             widgets.HBox([self.cancel_button, self.requeue_button, self.reload_button, self.message]),
             self.detail,
+            self.stream_pane,
         ]
         self.layout.width = "auto"
         self.add_class("nbqueue-board")
@@ -432,12 +439,14 @@ class JobBoard(LiveView):
             held = self.queue.held_in_batches() & {job.id for job in running} if running else set()
             notes |= dict.fromkeys(held, "in this kernel's worker's batch: not running now")
             shown_running = [*running, *(row for row in rows if row.status is State.RUNNING)]
+            emitted = self.queue.last_items(shown_running) if shown_running else {}  # one read
             self.table.value = jobs_table(
                 rows,
                 notes,
                 running=running,
                 silent=self.queue.silent_jobs(shown_running) if shown_running else set(),
                 selected=self.table.selected,
+                last={i: last_item_cell(item) for i, item in emitted.items()},
             ) + (
                 f"<div style='font-size:12px'>+{more} more running: status filter 'running'</div>"
                 if more > 0
@@ -519,6 +528,7 @@ class JobBoard(LiveView):
         # Its parents and children move too: any change of the counts reads it again.
         key = (job_id, None if listed is None else listed.updated_at, tuple(self.counts.values()))
         if key == self._detail_key:  # unchanged: the whole job is read only when it changes
+            self._show_stream(listed if listed is not None else self._shown)
             return
         self._detail_key = key
         try:
@@ -531,6 +541,8 @@ class JobBoard(LiveView):
         self.requeue_button.disabled = job is None or job.status not in (State.DEAD, State.CANCELLED)
         reloadable = not self.requeue_button.disabled and job is not None and job.task == NOTEBOOK_TASK
         self.reload_button.layout.display = None if reloadable else "none"
+        self._shown = job
+        self._show_stream(job)
         if job is None:
             self.detail.value = job_detail(None)
             return
@@ -543,6 +555,21 @@ class JobBoard(LiveView):
         waits = waits_html(self.queue.waits(job), to_us(self.queue.now().timestamp()))
         extra = family(self.queue, job) + waits + self._steps[1]
         self.detail.value = job_detail(job, extra, attempts_table(self.queue.attempts(job)), server_root())
+
+    def _show_stream(self, job: Job | None) -> None:
+        """The shown job's stream: read again at each refresh while the job is unfinished (it
+        grows), once when it is finished (it changes only with the row: a requeue, a replay)."""
+        if job is None:
+            self.stream_pane.value, self._stream_mark = "", None
+            return
+        mark = (job.id, job.updated_at, job.status)
+        if job.finished and mark == self._stream_mark:
+            return
+        try:
+            self.stream_pane.value = stream_html(job, read_tail(job))
+        except NbqueueError as exc:  # deleted meanwhile, or the queue is away: the pane says so
+            self.stream_pane.value = stream_html(job, None, str(exc))
+        self._stream_mark = mark if job.finished else None
 
     def _act(self, action: str) -> None:
         """Cancel (a running job is told to stop; process mode kills it) or requeue the job shown."""

@@ -184,10 +184,12 @@ class Storage(Protocol):
         """The steps a job completed: name -> JSON value."""
         ...
 
-    def emit(self, job_id: int, attempt: int, run: int, items: Sequence[tuple[int, str]], bound: int) -> bool:
+    def emit(
+        self, job_id: int, attempt: int, run: int, items: Sequence[tuple[int, str]], bound: int | None
+    ) -> bool:
         """Under the live claim (job_id, attempt), store a run's (seq, JSON text) items in attempt
-        `run`'s stream (each once), then keep at most `bound` bytes of it (the newest item always).
-        False (nothing stored) if the claim is gone."""
+        `run`'s stream (each once), then, with a `bound`, keep at most that many bytes of it (the
+        newest item always). False (nothing stored) if the claim is gone."""
         ...
 
     def stream_head(self, job_id: int, most: int) -> tuple[int, int] | None:

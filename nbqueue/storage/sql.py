@@ -201,7 +201,9 @@ class SqlStorage:
 
     # -- streams (nbqueue.emit) -------------------------------------------------------
 
-    def emit(self, job_id: int, attempt: int, run: int, items: Sequence[tuple[int, str]], bound: int) -> bool:
+    def emit(
+        self, job_id: int, attempt: int, run: int, items: Sequence[tuple[int, str]], bound: int | None
+    ) -> bool:
         sql = self.sql
         claim = {"id": job_id, "attempt": attempt, "now": self.stamp()}
         params = {"id": job_id, "run": run, "items": [list(i) for i in items], "bound": bound}
@@ -211,7 +213,8 @@ class SqlStorage:
             if not tx(sql.LOCK_CLAIM, claim):  # only the claim's holder writes its stream
                 return False
             tx(sql.EMIT, params)
-            tx(sql.TRIM_STREAM, params)
+            if bound is not None:
+                tx(sql.TRIM_STREAM, params)
             return True
 
         return self._transaction(work)

@@ -121,9 +121,9 @@ class Emitter:
         with self._writing:
             with self._lock:
                 items, self._buffer = self._buffer, []
-            if not items or self._refused:
-                return
             self._uncut += sum(len(text) for _, text in items)
+            if self._refused or not (items or (last and self._uncut)):  # (the last write cuts)
+                return
             cut = self._cut_every is not None and (last or self._uncut >= self._cut_every)
             if not self._write(items, cut):
                 self._refused = True

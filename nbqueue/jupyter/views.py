@@ -209,6 +209,7 @@ class JobBoard(LiveView):
         # The stream has a widget of its own: read at each refresh while its job runs, it changes
         # without the rest of the pane being read and drawn again.
         self.stream_pane = widgets.HTML(layout={"width": "auto"})
+        self.stream_pane.add_class("nbqueue-stream-pane")
         self.children = [
             widgets.HBox(
                 [widgets.HBox([self.title, self.sign]), self.refresh_button],

@@ -43,7 +43,7 @@ from .jobs import NOTEBOOK_JOB_ENV, Job
 FLUSH_EVERY = 0.05  # seconds an emitted item waits at most before it is written
 FLUSH_AT = 256  # items that are written at once, without waiting
 PAGE = 1000  # items a reader reads at a time
-FOLLOW_PAUSE = (0.01, 0.1)  # a follower's first and longest pause between reads (seconds)
+FOLLOW_PAUSE = (0.01, 0.05)  # a follower's first and longest pause between reads (seconds)
 
 #: Writes a run's (seq, JSON text) items under its claim, and with `trim` cuts its stream to its
 #: bound; False once the claim is gone.

@@ -32,6 +32,7 @@ TUTORIALS = {
     "07-research-workflow.ipynb",
     "08-notebook-jobs.ipynb",
     "09-jobs-that-wait.ipynb",
+    "10-streams.ipynb",
 }
 
 

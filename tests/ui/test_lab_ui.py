@@ -12,7 +12,8 @@ output, "Error displaying widget" or browser console error
 fails the test. Only the server this test started is stopped, by its process id.
 
 Screenshots go to the test's temp dir; with NBQUEUE_UPDATE_SCREENSHOTS=1 they are
-also copied to docs/ (board.png, deadletters.png, board-search.png, board-needs-you.png).
+also copied to docs/ (board.png, deadletters.png, board-search.png, board-needs-you.png,
+board-stream.png).
 Without /usr/bin/chromium the test is skipped, except under CI, where it fails.
 """
 
@@ -464,6 +465,7 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
         _a_sign_while_the_person_looks_elsewhere(lab, browser, board)
         _search_export_and_the_graph(lab, browser, board, shots)
         _questions_answered_on_the_board(lab, browser, board, shots)
+        _a_stream_grows_in_the_detail_pane(lab, browser, board, shots)
     except BaseException:
         page.screenshot(path=str(shots / "failure.png"), full_page=True)
         print(f"screenshots in {shots}\n--- jupyter-lab log ---\n{lab.log_tail()}")
@@ -692,6 +694,77 @@ def _save_top(page: Any, board: Any, below: Any, shots: Path, name: str) -> Path
         top, end = board.bounding_box(), below.bounding_box()
         height = end["y"] + end["height"] - top["y"] + 8
         clip = {"x": top["x"], "y": top["y"], "width": top["width"], "height": height}
+        path = shots / name
+        page.screenshot(path=str(path), clip=clip, animations="disabled")
+    finally:
+        page.set_viewport_size(size)
+    if os.environ.get("NBQUEUE_UPDATE_SCREENSHOTS") == "1":
+        DOCS.mkdir(exist_ok=True)
+        shutil.copy(path, DOCS / name)
+    return path
+
+
+# Run in the board's kernel: a job that emits a sentence a word at a time, slowly (an LLM's tokens).
+TELLER = """
+TEXT = ("Streams let a running job say what it is doing while it does it: each emitted item is "
+        "kept with the job in the database, so the board, another notebook or a script on "
+        "another machine can read it as it grows, and a retry starts a fresh stream.")
+
+def tell(text):
+    words = text.split()
+    for word in words:
+        nbqueue.emit(word + " ")
+        time.sleep(0.4)
+    nbqueue.emit({"words": len(words)})
+    return len(words)
+
+get_ipython().run_line_magic("enqueue", "tell(TEXT)")
+"""
+STREAM_TEXT_JS = "(el) => el.querySelector('.nbqueue-stream pre')?.textContent ?? ''"
+
+
+def _a_stream_grows_in_the_detail_pane(lab: Lab, browser: Browser, board: Any, shots: Path) -> None:
+    """A running job that emits tokens slowly: its pinned row shows its last item on one line, and
+    its stream, opened in the detail pane, grows between two reads while the board refreshes."""
+    page = browser.page
+    page.evaluate(BOARD_KERNEL_JS, TELLER)
+    with nbqueue.Queue(str(lab.db)) as q:
+        running = wait_until(
+            lambda: [j for j in q.jobs(status="running") if (j.task or "").endswith("tell")],
+            30,
+            "the teller running",
+            every=0.2,
+        )
+    row = board.locator(f"table.nbqueue-jobs tbody tr[data-row-id='{running[0].id}']")
+    row.locator(".nbqueue-last-item").wait_for(timeout=20_000)
+    row.click()
+    board.locator(f".nbqueue-stream[data-job-id='{running[0].id}'][data-live='1']").wait_for(timeout=20_000)
+    # The widget that holds it: the stream's own element is drawn anew at each refresh.
+    pane = board.locator(".nbqueue-stream-pane")
+    first = wait_until(lambda: pane.evaluate(STREAM_TEXT_JS), 10, "the stream's first words", every=0.2)
+    wait_until(
+        lambda: len(pane.evaluate(STREAM_TEXT_JS)) > len(first) + 10, 20, "the stream growing", every=0.25
+    )
+    later = pane.evaluate(STREAM_TEXT_JS)
+    assert later.startswith(first), (first, later)
+    heights = page.evaluate(ROW_HEIGHTS_JS)
+    assert heights and max(heights) <= ONE_LINE_PX, f"rows taller than one line: {heights}"
+    assert page.evaluate(SIDEWAYS_JS) == [], page.evaluate(SIDEWAYS_JS)
+    page.wait_for_timeout(2_500)  # a few more words for the picture
+    _save_between(page, board.locator("table.nbqueue-jobs"), pane, shots, "board-stream.png")
+    _no_new_problems(browser)
+
+
+def _save_between(page: Any, top: Any, bottom: Any, shots: Path, name: str) -> Path:
+    """A screenshot 1280 px wide from the top of `top` to the bottom of `bottom`."""
+    size = page.viewport_size
+    page.set_viewport_size({"width": 1280, "height": 2400})
+    try:
+        top.evaluate("(el) => el.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(300)  # the notebook lays out again
+        start, end = top.bounding_box(), bottom.bounding_box()
+        height = end["y"] + end["height"] - start["y"] + 8
+        clip = {"x": start["x"] - 4, "y": start["y"] - 4, "width": start["width"] + 8, "height": height}
         path = shots / name
         page.screenshot(path=str(path), clip=clip, animations="disabled")
     finally:

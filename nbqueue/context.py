@@ -55,8 +55,17 @@ class Emits(Protocol):
         """Append an item (JSON text)."""
         ...
 
+    def flush(self) -> None:
+        """Write what was added so far."""
+        ...
+
     def close(self) -> None:
         """Write everything added."""
+        ...
+
+    @property
+    def refused(self) -> bool:
+        """True once a write was refused (the claim is gone)."""
         ...
 
 

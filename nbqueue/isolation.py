@@ -171,11 +171,8 @@ def run_in_child(
                         stored = steps.write(body["name"], body["value"], body["error"], int(body["started"]))
                     answer.send_bytes(json.dumps({"value": stored}).encode())
                     continue
-                if kind == "emit":  # written here, under the lease, in the order emitted
-                    if context.emitter is not None:
-                        with contextlib.suppress(LeaseLost):  # refused: the child's items are dropped
-                            for text in body["texts"]:
-                                context.emitter.add(text)
+                if kind == "emit":  # written here, under the lease, in order; the child learns a refusal
+                    answer.send_bytes(json.dumps({"ok": _emitted(context, body["texts"])}).encode())
                     continue
                 if kind == "wait":  # reached here, under the lease; the child suspends if told to
                     answer.send_bytes(json.dumps(_reach(context, body)).encode())
@@ -212,6 +209,19 @@ def kill_group(pid: int) -> None:
     except ProcessLookupError:  # killed before its setsid(): it has started nothing yet
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _emitted(context: JobContext, texts: list[str]) -> bool:
+    """A child's items, written at once through the parent's stream; False if refused."""
+    if context.emitter is None:
+        return True
+    try:
+        for text in texts:
+            context.emitter.add(text)
+        context.emitter.flush()
+    except LeaseLost:
+        return False
+    return not context.emitter.refused
 
 
 def _reach(context: JobContext, body: dict[str, Any]) -> dict[str, Any]:
@@ -399,8 +409,9 @@ def _child(send: Any, answers: Any, shipped: bytes) -> None:
                 return _reached(json.loads(answers.recv_bytes()))
 
         def send_items(items: list[tuple[int, str]], cut: bool) -> bool:
-            post("emit", texts=[text for _, text in items])
-            return True  # (the parent writes them under the claim, and drops a stale run's)
+            with asking:  # written by the parent under the claim: False once it is gone
+                post("emit", texts=[text for _, text in items])
+                return bool(json.loads(answers.recv_bytes())["ok"])
 
         steps = None if recorded is None else StepBook(job.id, lambda: recorded, record)
         emitter = Emitter(job.id, send_items)

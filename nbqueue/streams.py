@@ -115,6 +115,11 @@ class Emitter:
         if full:
             self.flush()
 
+    @property
+    def refused(self) -> bool:
+        """True once a write was refused: the claim is gone."""
+        return self._refused
+
     def flush(self, last: bool = False) -> None:
         """Write what is buffered (in order); a refusal is remembered for the next `add`. The
         `last` write cuts the stream to its bound whatever was written since the last cut."""

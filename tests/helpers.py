@@ -138,3 +138,18 @@ def snapshot(path: Path) -> list[tuple[Any, ...]]:
         return [(t, *row) for t in tables for row in conn.execute(f'SELECT * FROM "{t}" ORDER BY 1, 2')]
     finally:
         conn.close()
+
+
+def raw_rows(target: str, backend: str, sql: str) -> list[tuple[Any, ...]]:
+    """Rows read straight from the database, beside nbqueue (a connection of the test's own)."""
+    if backend == "sqlite":
+        conn = sqlite3.connect(f"file:{target}?mode=ro", uri=True)
+        try:
+            return list(conn.execute(sql).fetchall())
+        finally:
+            conn.close()
+    server, schema = target.split("?schema=")
+    import psycopg
+
+    with psycopg.connect(server, options=f"-c search_path={schema}") as pg:
+        return list(pg.execute(sql).fetchall())  # type: ignore[arg-type]

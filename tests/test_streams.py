@@ -9,21 +9,19 @@ mode) are in tests/test_streams_processes.py.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 import pytest
 
 import nbqueue
 from nbqueue import Dropped, Queue
 from nbqueue.context import running
 from nbqueue.streams import Emitter
-from tests.helpers import QUICK_RETRY, wait_until
+from tests.helpers import QUICK_RETRY, raw_rows, wait_until
 
 QUICK: dict[str, Any] = {"idle_interval": 0.05}  # a worker that looks for due jobs often
 
@@ -52,19 +50,6 @@ MIXED: list[Any] = [
 def mixed(n: int) -> list[Any]:
     """n items of mixed JSON types, each telling its place."""
     return [[i, MIXED[i % len(MIXED)]] if i % 3 else MIXED[i % len(MIXED)] for i in range(n)]
-
-
-def raw_rows(target: str, backend: str, sql: str) -> list[tuple[Any, ...]]:
-    """Rows read straight from the database, beside nbqueue (a connection of the test's own)."""
-    if backend == "sqlite":
-        conn = sqlite3.connect(f"file:{target}?mode=ro", uri=True)
-        try:
-            return list(conn.execute(sql).fetchall())
-        finally:
-            conn.close()
-    server, schema = target.split("?schema=")
-    with psycopg.connect(server, options=f"-c search_path={schema}") as pg:
-        return list(pg.execute(sql).fetchall())  # type: ignore[arg-type]
 
 
 def stored(target: str, backend: str, job_id: int) -> tuple[int, int]:

@@ -9,7 +9,6 @@ tests/test_waits_processes.py.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 import time
 from collections import Counter
@@ -17,12 +16,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 import nbqueue
 from nbqueue import Queue, State
-from tests.helpers import QUICK_RETRY, MakeQueue, wait_until
+from tests.helpers import QUICK_RETRY, MakeQueue, raw_rows, wait_until
 
 QUICK = {"idle_interval": 0.05}  # a worker that looks for due jobs often: each resumption is quick
 
@@ -209,19 +207,6 @@ def test_a_thousand_waiting_jobs_are_never_claimable(
     q.complete(got, "ok")
     assert q.send_many(ids[:3], "go", "now") == 3
     assert q.counts()["pending"] == 3
-
-
-def raw_rows(target: str, backend: str, sql: str) -> list[tuple[Any, ...]]:
-    """Rows read straight from the database, beside nbqueue (a connection of the test's own)."""
-    if backend == "sqlite":
-        conn = sqlite3.connect(f"file:{target}?mode=ro", uri=True)
-        try:
-            return list(conn.execute(sql).fetchall())
-        finally:
-            conn.close()
-    server, schema = target.split("?schema=")
-    with psycopg.connect(server, options=f"-c search_path={schema}") as pg:
-        return list(pg.execute(sql).fetchall())  # type: ignore[arg-type]
 
 
 def claim_index_predicate(target: str, backend: str) -> str:

@@ -287,7 +287,7 @@ class Worker:
                 # Under the lock: a runner counts itself busy before it claims, so a job is
                 # either seen due here or claimed by a runner seen busy, never neither.
                 if self.flights.idle():
-                    self.manager.inbox.wake_due()  # a waiting job whose time has come is due
+                    self.manager.inbox.until_next_wake()  # a waiting job whose time has come is due
                 with self.flights.lock:
                     if self.flights.idle() and not self.manager.due_now(self._filter()):
                         return
@@ -566,7 +566,7 @@ class Worker:
     def _say_stopped(self, job: Job) -> None:
         """Log why a job this worker held stopped before it finished (cancelled, most often)."""
         try:
-            status: State | None = self.manager.get(job.id).status
+            status = self.manager.get(job.id).status
         except NbqueueError:
             status = None
         if status is State.CANCELLED:

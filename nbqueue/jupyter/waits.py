@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from ..clock import from_us
 from ..dag import COLOURS
 from ..inbox import describe, span
 from ..jobs import Job, State, shown_task
@@ -58,13 +59,9 @@ def due(row: WaitRow, now_us: int) -> str:
     return f"answer within {span((row.deadline - now_us) / 1e6)}"
 
 
-def _time(us: int | None) -> datetime | None:
-    return None if us is None else datetime.fromtimestamp(us / 1e6, UTC)
-
-
 def _when(us: int | None, now: datetime) -> str:
     """A time as the board says it ("4 s ago"), the UTC time on hover."""
-    at = _time(us)
+    at = from_us(us)
     if at is None:
         return ""
     return f"<span title='{at:%Y-%m-%d %H:%M:%S} UTC'>{html.escape(ago(at, now))}</span>"
@@ -73,7 +70,7 @@ def _when(us: int | None, now: datetime) -> str:
 def entry_html(job: Job, row: WaitRow, steps: Sequence[StepRow], now_us: int) -> str:
     """One job a person is asked about: who asks (the job and its wait), since when, the deadline,
     the question, and the last steps it recorded (what it knows so far)."""
-    now = _time(now_us) or datetime.now(UTC)
+    now = from_us(now_us) or datetime.now(UTC)
     task = html.escape(shown_task(job.task))
     deadline = due(row, now_us)
     urgent = row.deadline is not None and row.deadline - now_us < 3600 * 1e6
@@ -102,7 +99,7 @@ def entry_html(job: Job, row: WaitRow, steps: Sequence[StepRow], now_us: int) ->
 
 
 def _deadline_title(row: WaitRow) -> str:
-    at = _time(row.deadline)
+    at = from_us(row.deadline)
     return "" if at is None else f" title='{at:%Y-%m-%d %H:%M:%S} UTC'"
 
 
@@ -153,7 +150,7 @@ def waits_html(rows: Sequence[WaitRow], now_us: int) -> str:
     was reached, its deadline, the value sent (or "expired"), who sent it and when."""
     if not rows:
         return ""
-    now = _time(now_us) or datetime.now(UTC)
+    now = from_us(now_us) or datetime.now(UTC)
     lines = []
     for r in rows:
         what = {
@@ -171,7 +168,7 @@ def waits_html(rows: Sequence[WaitRow], now_us: int) -> str:
             answer = "woke"
         else:
             answer = f"<span style='color:{COLOUR}'>waiting</span>"
-        deadline = "" if r.deadline is None else f"{_time(r.deadline):%Y-%m-%d %H:%M:%S}"
+        deadline = "" if r.deadline is None else f"{from_us(r.deadline):%Y-%m-%d %H:%M:%S}"
         cells = (
             html.escape(r.name),
             html.escape(what),

@@ -32,6 +32,11 @@ Claim = dict[str, int | None]  # a claim as statement parameters: id, attempt, n
 Found = tuple[Any, ...]  # a wait's row as read (WAIT_OF): kind, choices, deadline, value, expired_at
 
 
+def accepts(choices: str | None, value: str) -> bool:
+    """Whether a wait with these `choices` (a JSON array; None: any value) takes `value` (JSON)."""
+    return choices is None or json.loads(value) in json.loads(choices)
+
+
 def decide(found: Found | None, wait: WaitSpec, now_us: int) -> Reached:
     """What reaching `wait` leads to, from its row as read (None: no row), at `now_us`: "value"
     (its JSON), "expired", "suspend" (until `wake`), or what must be written first: "drop" (a
@@ -50,9 +55,7 @@ def decide(found: Found | None, wait: WaitSpec, now_us: int) -> Reached:
     if expired is not None:
         return Reached("expired")
     if value is not None:
-        if wait.choices is None or json.loads(value) in json.loads(wait.choices):
-            return Reached("value", str(value))
-        return Reached("drop")
+        return Reached("value", str(value)) if accepts(wait.choices, value) else Reached("drop")
     if deadline is None and wait.timeout_us is not None:  # the first run fixes the deadline
         deadline = now_us + wait.timeout_us
     if deadline is not None and now_us >= int(deadline):
@@ -104,7 +107,7 @@ def suspend_in(tx: Tx, claim: Claim, wait: WaitSpec, wake: int) -> bool:
         return False
     [(value,)] = _record(tx, claim, wait, wake if wait.kind == "sleep" or wake != NEVER_US else None)
     if value is not None and wait.kind == "event":  # sent before it got here: it runs again now
-        if wait.choices is None or json.loads(value) in json.loads(wait.choices):
+        if accepts(wait.choices, value):
             tx(tx.sql.WAKE_SENT, {"id": claim["id"], "now": claim["now"], "wake": True})
         else:  # outside its choices: dropped, the name free again
             tx(tx.sql.DROP_SENT, {"id": claim["id"], "name": wait.name})
@@ -185,7 +188,7 @@ def send(tx: Tx, sends: Sequence[tuple[int, str, str]], by: str, stamp: int | No
             raise InvalidArgument(f"the wait {name!r} of job {job_id} expired; it takes no value now")
         if sent is not None:
             raise InvalidArgument(f"a value was sent to job {job_id} as {name!r} already: {sent}")
-        if choices is not None and json.loads(value) not in json.loads(choices):
+        if not accepts(choices, value):
             raise InvalidArgument(
                 f"job {job_id} waits for one of {', '.join(map(json.dumps, json.loads(choices)))} "
                 f"as {name!r}, not {value}"

@@ -352,10 +352,7 @@ def _save(locator: Any, shots: Path, name: str) -> Path:
     path = shots / name
     locator.scroll_into_view_if_needed()
     locator.screenshot(path=str(path), animations="disabled")
-    if os.environ.get("NBQUEUE_UPDATE_SCREENSHOTS") == "1":
-        DOCS.mkdir(exist_ok=True)
-        shutil.copy(path, DOCS / name)
-    return path
+    return _published(path, name)
 
 
 @pytest.mark.ui
@@ -648,7 +645,7 @@ def _questions_answered_on_the_board(lab: Lab, browser: Browser, board: Any, sho
     heights = page.evaluate(ROW_HEIGHTS_JS)
     assert heights and max(heights) <= ONE_LINE_PX, f"rows taller than one line: {heights}"
     assert page.evaluate(SIDEWAYS_JS) == [], page.evaluate(SIDEWAYS_JS)
-    _save_top(page, board, table, shots, "board-needs-you.png")
+    _save_between(page, board, table, shots, "board-needs-you.png")
 
     job_id = int(first.locator(".nbqueue-need").get_attribute("data-job-id") or 0)
     first.get_by_role("button", name="approve", exact=True).click()
@@ -681,27 +678,6 @@ def _no_new_problems(browser: Browser) -> None:
     others = [e for e in browser.errors if not (NO_KERNEL_READ in e and "jupyterlab-manager" in e)]
     problems = [p for p in browser.state()["problems"] if "raise ValueError('bug')" not in p]
     assert not others and not problems, (others, problems)
-
-
-def _save_top(page: Any, board: Any, below: Any, shots: Path, name: str) -> Path:
-    """A screenshot of the board from its top to the bottom of `below` (the jobs table), in a
-    window 1280 px wide made tall enough to hold it all."""
-    size = page.viewport_size
-    page.set_viewport_size({"width": 1280, "height": 2400})
-    try:
-        board.evaluate("(el) => el.scrollIntoView({block: 'start'})")
-        page.wait_for_timeout(300)  # the notebook lays out again
-        top, end = board.bounding_box(), below.bounding_box()
-        height = end["y"] + end["height"] - top["y"] + 8
-        clip = {"x": top["x"], "y": top["y"], "width": top["width"], "height": height}
-        path = shots / name
-        page.screenshot(path=str(path), clip=clip, animations="disabled")
-    finally:
-        page.set_viewport_size(size)
-    if os.environ.get("NBQUEUE_UPDATE_SCREENSHOTS") == "1":
-        DOCS.mkdir(exist_ok=True)
-        shutil.copy(path, DOCS / name)
-    return path
 
 
 # Run in the board's kernel: a job that emits a sentence a word at a time, slowly (an LLM's tokens).
@@ -751,12 +727,13 @@ def _a_stream_grows_in_the_detail_pane(lab: Lab, browser: Browser, board: Any, s
     assert heights and max(heights) <= ONE_LINE_PX, f"rows taller than one line: {heights}"
     assert page.evaluate(SIDEWAYS_JS) == [], page.evaluate(SIDEWAYS_JS)
     page.wait_for_timeout(2_500)  # a few more words for the picture
-    _save_between(page, board.locator("table.nbqueue-jobs"), pane, shots, "board-stream.png")
+    _save_between(page, board.locator("table.nbqueue-jobs"), pane, shots, "board-stream.png", margin=4)
     _no_new_problems(browser)
 
 
-def _save_between(page: Any, top: Any, bottom: Any, shots: Path, name: str) -> Path:
-    """A screenshot 1280 px wide from the top of `top` to the bottom of `bottom`."""
+def _save_between(page: Any, top: Any, bottom: Any, shots: Path, name: str, margin: int = 0) -> Path:
+    """A screenshot from the top of `top` to the bottom of `bottom` (`margin` px more around it),
+    in a window 1280 px wide made tall enough to hold it all."""
     size = page.viewport_size
     page.set_viewport_size({"width": 1280, "height": 2400})
     try:
@@ -764,11 +741,21 @@ def _save_between(page: Any, top: Any, bottom: Any, shots: Path, name: str) -> P
         page.wait_for_timeout(300)  # the notebook lays out again
         start, end = top.bounding_box(), bottom.bounding_box()
         height = end["y"] + end["height"] - start["y"] + 8
-        clip = {"x": start["x"] - 4, "y": start["y"] - 4, "width": start["width"] + 8, "height": height}
+        clip = {
+            "x": start["x"] - margin,
+            "y": start["y"] - margin,
+            "width": start["width"] + 2 * margin,
+            "height": height,
+        }
         path = shots / name
         page.screenshot(path=str(path), clip=clip, animations="disabled")
     finally:
         page.set_viewport_size(size)
+    return _published(path, name)
+
+
+def _published(path: Path, name: str) -> Path:
+    """A screenshot, also copied to docs/ when NBQUEUE_UPDATE_SCREENSHOTS=1."""
     if os.environ.get("NBQUEUE_UPDATE_SCREENSHOTS") == "1":
         DOCS.mkdir(exist_ok=True)
         shutil.copy(path, DOCS / name)

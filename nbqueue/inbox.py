@@ -94,8 +94,7 @@ class Inbox:
 
     def until_next_wake(self) -> float | None:
         """Seconds until a waiting job wakes by itself (None: none does by time); the jobs due
-        already are moved to pending first (then 0.0). A read, and a write only when some are
-        due: workers ask often."""
+        already are moved to pending first (then 0.0)."""
         wakes = self.storage.next_wake()
         if wakes is None:
             return None

@@ -115,7 +115,7 @@ def housekeeping(
         Chore("periodic", periods.periodic, lambda: manager.periodic.tick(tasks())),
         Chore("tidy", periods.tidy, manager.tidy),
         # Waiting jobs whose deadline or wake-up time came: pending again (within about a second).
-        Chore("wake", WAKE_EVERY, manager.inbox.until_next_wake),
+        Chore("wake", WAKE_EVERY, manager.inbox.wake_due),
     ]
     if periods.retention is not None:
         chores.append(Chore("prune", periods.prune, prune))

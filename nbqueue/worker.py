@@ -287,7 +287,7 @@ class Worker:
                 # Under the lock: a runner counts itself busy before it claims, so a job is
                 # either seen due here or claimed by a runner seen busy, never neither.
                 if self.flights.idle():
-                    self.manager.inbox.until_next_wake()  # a waiting job whose time has come is due
+                    self.manager.inbox.wake_due()  # a waiting job whose time has come is due
                 with self.flights.lock:
                     if self.flights.idle() and not self.manager.due_now(self._filter()):
                         return

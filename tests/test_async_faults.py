@@ -233,7 +233,13 @@ def test_five_worker_cycles_leave_no_threads_descriptors_or_connections(queue: Q
         cycle()
     # A thread's read connection closes when its ended thread's locals are let go, which may
     # come a moment after the join: settled, not leaked (a leak never settles).
-    wait_until(lambda: _counts() == start, 5, f"(threads, descriptors) back to {start}")
+    try:
+        wait_until(lambda: _counts() == start, 5, f"(threads, descriptors) back to {start}")
+    except AssertionError as exc:  # say what is left over, so a failure in CI can be read
+        threads = sorted(t.name for t in threading.enumerate())
+        raise AssertionError(
+            f"{exc}; now {_counts()}, threads {threads}, descriptors {_descriptors()}"
+        ) from None
     # The queue's idle connections are bounded by its threads at one time (a busier cycle may
     # leave a few more), not by the cycles run: one per cycle would be five more.
     assert _connections() < connected + 5, f"connections went from {connected} to {_connections()}"

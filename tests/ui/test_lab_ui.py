@@ -636,8 +636,15 @@ def _questions_answered_on_the_board(lab: Lab, browser: Browser, board: Any, sho
     assert "4 need you" in (badge.text_content() or "")
     needs = board.locator(".nbqueue-needs")
     table = board.locator("table.nbqueue-jobs")
-    # Above the running jobs and the table; a sleeper says when it wakes.
-    assert needs.bounding_box()["y"] < table.bounding_box()["y"]
+
+    # Above the running jobs and the table; a sleeper says when it wakes. (A box is None while
+    # the board redraws the element: wait until both are laid out.)
+    def laid_out() -> tuple[Any, Any] | None:
+        both = needs.bounding_box(), table.bounding_box()
+        return both if all(both) else None
+
+    above, below = wait_until(laid_out, 10, "the needs-you section and the table laid out", every=0.2)
+    assert above["y"] < below["y"]
     board.locator("text=wakes in 5").first.wait_for(timeout=10_000)
     first = entries.first
     assert "answer within 14 d" in first.inner_text()

@@ -22,6 +22,7 @@ from . import dependencies, limits, policy, streams, waiting
 from . import payload as payload_json
 from . import tasks as registry
 from .admin import EVERY_STEP, Admin
+from .checkpoints import Checkpoints
 from .clock import EPOCH, Clock, from_us, system_clock, to_us
 from .context import JobContext
 from .errors import (
@@ -121,6 +122,8 @@ class JobManager:
         self.journal = Journal(storage)
         #: What jobs wait for and what is sent to them (nbqueue.suspend).
         self.inbox = Inbox(storage, self.get_many)
+        #: LangGraph threads kept in this database (nbqueue.integrations.langgraph).
+        self.checkpoints = Checkpoints(storage, self.now_us)
         #: Claims whose worker is gone: expired leases, orphans, silent workers.
         self.lifeline = Lifeline(storage, self.now_us, lambda: self.backoff, lambda job: job.attach(self))
 

@@ -104,3 +104,33 @@ class Suspension(NamedTuple):
     attempt: int
     wait: WaitSpec
     wake: int
+
+
+class CheckpointRow(NamedTuple):
+    """A checkpoint of a LangGraph thread as stored (nbqueue.checkpoints): its body is what the
+    saver's serializer made of it without its channel values, which are stored once each."""
+
+    thread: str
+    ns: str
+    id: str
+    parent: str | None
+    kind: str  #: the serializer's name for how `body` is encoded
+    body: bytes
+    versions: str  #: JSON {channel: version}: the stored values it reads
+
+
+class StoredValue(NamedTuple):
+    """One serialized value: a channel's value at a version, or a pending write's."""
+
+    kind: str
+    data: bytes
+
+
+class PendingWriteRow(NamedTuple):
+    """A write a task made after a checkpoint, before the next one (in LangGraph's sort order)."""
+
+    task: str
+    idx: int
+    channel: str
+    value: StoredValue
+    path: str

@@ -125,6 +125,7 @@ MANAGER = {
     *("nbqueue.intake", "nbqueue.admin", "nbqueue.journal", "nbqueue.periodic", "nbqueue.links"),
     "nbqueue.lifeline",
     "nbqueue.inbox",
+    "nbqueue.checkpoints",
 }
 
 

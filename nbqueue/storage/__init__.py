@@ -24,6 +24,7 @@ from ..errors import InvalidArgument
 from ..jobs import JobRow, State
 from ..records import AttemptRow, LimitRow, Reached, RunRow, StepRow, Suspension, WaitRow, WaitSpec
 from ..search import Search
+from .checkpoints import CheckpointStorage
 
 Row = tuple[Any, ...]
 Inserted = tuple[int, bool, int | None]  # id, created, created_at (microseconds)
@@ -145,7 +146,7 @@ class Completion(NamedTuple):
     output: str | None
 
 
-class Storage(Protocol):
+class Storage(CheckpointStorage, Protocol):
     """What a backend must do. Every method is atomic and safe from many threads."""
 
     #: True when the backend has a clock of its own (a database server's `now()`).

@@ -173,6 +173,7 @@ class PostgresStorage(SqlStorage):
     cells, board and buttons) and opening the queue wait for a lock another session holds, before
     a StorageError; a worker's threads wait a lock out (LOCKED_RETRY_SECONDS)."""
 
+    checkpoint_sql = sql.CHECKPOINT_SQL
     sql = sql.SQL
     server_clock = True
 

@@ -12,6 +12,7 @@ completes and claims in one statement, and what PostgreSQL says its own way.
 from __future__ import annotations
 
 from ..jobs import COLUMNS
+from .checkpoint_statements import build_checkpoints
 from .rules import (
     ANY_STATE_SQL,
     ANY_STATE_V11_SQL,
@@ -33,7 +34,7 @@ from .rules import (
 )
 from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 SIGNED, NONCE = signed_run("new")
 SERVER_NOW = "(extract(epoch from now()) * 1000000)::bigint"
 NOW = f"coalesce(%(now)s::bigint, {SERVER_NOW})"  # the caller's clock if given, else the server's
@@ -264,6 +265,20 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE {s}.nbqueue_stream (job_id BIGINT NOT NULL, attempt INTEGER NOT NULL, "
         "seq BIGINT NOT NULL, value TEXT NOT NULL, bytes INTEGER NOT NULL, "
         "PRIMARY KEY (job_id, attempt, seq))",
+    ],
+    # LangGraph checkpoints (the same meaning as SQLite's version 14).
+    14: [
+        "CREATE TABLE {s}.nbqueue_checkpoints (thread TEXT NOT NULL, ns TEXT NOT NULL, id TEXT NOT NULL, "
+        "parent TEXT, job_id BIGINT, run_id TEXT, created_at BIGINT NOT NULL, versions TEXT NOT NULL, "
+        "kind TEXT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (thread, ns, id))",
+        "CREATE INDEX nbqueue_checkpoints_run ON {s}.nbqueue_checkpoints (run_id) WHERE run_id IS NOT NULL",
+        "CREATE TABLE {s}.nbqueue_checkpoint_values (thread TEXT NOT NULL, ns TEXT NOT NULL, "
+        "channel TEXT NOT NULL, version TEXT NOT NULL, kind TEXT NOT NULL, value BYTEA NOT NULL, "
+        "PRIMARY KEY (thread, ns, channel, version))",
+        "CREATE TABLE {s}.nbqueue_checkpoint_writes (thread TEXT NOT NULL, ns TEXT NOT NULL, "
+        "checkpoint TEXT NOT NULL, task TEXT NOT NULL, idx INTEGER NOT NULL, channel TEXT NOT NULL, "
+        "kind TEXT NOT NULL, value BYTEA NOT NULL, path TEXT NOT NULL, "
+        "PRIMARY KEY (thread, ns, checkpoint, task, idx))",
     ],
 }
 
@@ -562,3 +577,6 @@ SQL = build(
         EMIT=EMIT,
     ),
 )
+
+#: The LangGraph checkpoint statements (storage/checkpoints.py), in this dialect.
+CHECKPOINT_SQL = build_checkpoints(DIALECT)

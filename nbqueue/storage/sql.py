@@ -35,12 +35,13 @@ from . import (
     cascade,
     waits,
 )
+from .checkpoints import SqlCheckpoints
 from .statements import Params, Statements, Tx
 
 T = TypeVar("T")
 
 
-class SqlStorage:
+class SqlStorage(SqlCheckpoints):
     """The queue verbs over SQL; a subclass supplies the statements and the primitives."""
 
     sql: Statements

@@ -138,6 +138,7 @@ def _owner_only(path: str) -> None:
 class SQLiteStorage(SqlStorage):
     """Jobs in one SQLite file; safe from many threads and processes."""
 
+    checkpoint_sql = sql.CHECKPOINT_SQL
     sql = sql.SQL
     server_clock = False
 

@@ -9,6 +9,7 @@ a list. The statements both backends mean alike are in `storage.statements`
 
 from __future__ import annotations
 
+from .checkpoint_statements import build_checkpoints
 from .rules import (
     ANY_STATE_V11_SQL,
     ATTEMPT_ERROR_SQL,
@@ -28,7 +29,7 @@ from .rules import (
 )
 from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database
 # The job columns as of version 5, copied when version 6 rebuilds the table.
 COLS_V5 = (
@@ -328,6 +329,24 @@ MIGRATIONS: dict[int, str] = {
         DELETE FROM nbqueue_edges WHERE child = old.id;
     END;
     """,
+    # LangGraph checkpoints (nbqueue.checkpoints): a channel's value stored once per version.
+    14: """
+    CREATE TABLE nbqueue_checkpoints (
+        thread TEXT NOT NULL, ns TEXT NOT NULL, id TEXT NOT NULL, parent TEXT, job_id INTEGER,
+        run_id TEXT, created_at INTEGER NOT NULL, versions TEXT NOT NULL, kind TEXT NOT NULL,
+        body BLOB NOT NULL, PRIMARY KEY (thread, ns, id)
+    );
+    CREATE INDEX nbqueue_checkpoints_run ON nbqueue_checkpoints (run_id) WHERE run_id IS NOT NULL;
+    CREATE TABLE nbqueue_checkpoint_values (
+        thread TEXT NOT NULL, ns TEXT NOT NULL, channel TEXT NOT NULL, version TEXT NOT NULL,
+        kind TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (thread, ns, channel, version)
+    );
+    CREATE TABLE nbqueue_checkpoint_writes (
+        thread TEXT NOT NULL, ns TEXT NOT NULL, checkpoint TEXT NOT NULL, task TEXT NOT NULL,
+        idx INTEGER NOT NULL, channel TEXT NOT NULL, kind TEXT NOT NULL, value BLOB NOT NULL,
+        path TEXT NOT NULL, PRIMARY KEY (thread, ns, checkpoint, task, idx)
+    );
+    """,
 }
 #: The version whose script first needs the state `waiting` allowed by the CHECK on status.
 WIDEN_STATES_AT = 12
@@ -551,3 +570,6 @@ SQL = build(
         EMIT=EMIT,
     ),
 )
+
+#: The LangGraph checkpoint statements (storage/checkpoints.py), in this dialect.
+CHECKPOINT_SQL = build_checkpoints(DIALECT)

@@ -15,10 +15,11 @@ unexport PYTHONDONTWRITEBYTECODE
 JOBS   ?= 4
 SLOW_JOBS ?= 3
 # `make bench` runs in a venv of its own: this checkout plus the peers it is measured against
-# (huey, litequeue, procrastinate, pgqueuer), so .venv (and a plain worker install) stays small.
+# (huey, litequeue, procrastinate, pgqueuer; langgraph-checkpoint-sqlite next to QueueSaver), so
+# .venv (and a plain worker install) stays small.
 BENCH_VENV  ?= .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
-BENCH_PEERS := huey litequeue procrastinate 'pgqueuer[asyncpg]'
+BENCH_PEERS := huey litequeue procrastinate 'pgqueuer[asyncpg]' langgraph-checkpoint-sqlite==3.1.2
 
 .PHONY: help install test test-fast test-notebooks test-slow test-ui soak lint demo lab bench bounds clean
 
@@ -30,7 +31,7 @@ help:
 	@echo "make test-ui  JupyterLab in headless Chromium: the board and dead-letter view really work"
 	@echo "make soak     the reliability suite, long: 500 worker kills, 100,000 contended jobs (NBQUEUE_SOAK=2 doubles it)"
 	@echo "make lab      open JupyterLab on notebooks/"
-	@echo "make bench    throughput next to raw SQLite and the peers (huey, litequeue, procrastinate, pgqueuer)"
+	@echo "make bench    throughput next to raw SQLite and the peers (huey, litequeue, procrastinate, pgqueuer, langgraph-checkpoint-sqlite)"
 	@echo "make bounds   profiles of what the missed bench goals cost (enqueue by layer, schema per row, PostgreSQL CPU per job)"
 
 $(STAMP): pyproject.toml
@@ -89,7 +90,7 @@ lab: $(STAMP)
 $(BENCH_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[notebook,postgres]' $(BENCH_PEERS)
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[notebook,postgres,langgraph]' $(BENCH_PEERS)
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

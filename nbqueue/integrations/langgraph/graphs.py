@@ -63,7 +63,7 @@ def graph_task(
     durable = graph.copy(update={"checkpointer": saver})
     modes = stream_mode if isinstance(stream_mode, str) else list(stream_mode)
 
-    def run_graph(input: Any = None, thread_id: str | None = None) -> Any:
+    async def run_graph(input: Any = None, thread_id: str | None = None) -> Any:
         running = context.current()
         job_id = running.job.id if running else None
         thread = thread_id or f"nbqueue-job-{job_id}"
@@ -72,17 +72,17 @@ def graph_task(
             config["recursion_limit"] = recursion_limit
         begun = step(BEGUN, _newest, saver, config)
         if _newest(saver, config) == begun:  # this job has not begun the graph yet
-            _stream(durable, input, config, modes)
+            await _stream(durable, input, config, modes)
         elif running is not None:
             _emit_again(running.job)
         while True:
-            state = durable.get_state(config)
+            state = await durable.aget_state(config)
             interrupts = [(task.name, i) for task in state.tasks for i in task.interrupts]
             if interrupts:
                 answers = {i.id: _answer(queue, job_id, node, i) for node, i in interrupts}
-                _stream(durable, Command(resume=answers), config, modes)
+                await _stream(durable, Command(resume=answers), config, modes)
             elif state.next:  # stopped between steps (a crash): go on from the last checkpoint
-                _stream(durable, None, config, modes)
+                await _stream(durable, None, config, modes)
             else:
                 return jsonable(state.values)
 
@@ -124,10 +124,14 @@ def _newest(saver: QueueSaver, config: RunnableConfig) -> str | None:
     return None if found is None else str(found.config["configurable"]["checkpoint_id"])
 
 
-def _stream(graph: Pregel[Any, Any], input: Any, config: RunnableConfig, modes: str | list[str]) -> None:
+async def _stream(
+    graph: Pregel[Any, Any], input: Any, config: RunnableConfig, modes: str | list[str]
+) -> None:
     """Run the graph until it ends or interrupts, each chunk it streams emitted to the job's
-    stream ([mode, data] when several modes; a message chunk as its text)."""
-    for chunk in graph.stream(input, config, stream_mode=modes, durability="sync"):  # type: ignore[call-overload]
+    stream ([mode, data] when several modes; a message chunk as its text). Async, so that a
+    graph's async nodes run too (its plain ones run on LangGraph's threads)."""
+    chunks = graph.astream(input, config, stream_mode=modes, durability="sync")  # type: ignore[call-overload]
+    async for chunk in chunks:
         if isinstance(modes, list):
             mode, data = chunk
             emit([mode, _item(mode, data)])

@@ -3,9 +3,9 @@
 
 The saver (nbqueue.integrations.langgraph) serializes; this room stores, reads and drops
 rows through the storage's checkpoint verbs (storage/checkpoints.py), and decides which
-checkpoints retention drops: never a thread's newest in a namespace, never one written by a
-job that has not finished (it may resume from any of them), and otherwise those past
-`keep_last` or older than `max_age`.
+checkpoints retention drops: never a thread's newest in a namespace, never the newest one a
+job that has not finished wrote there (where it resumes, even after another writer moved the
+thread on), and otherwise those past `keep_last` or older than `max_age`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,21 @@ from .storage.checkpoints import Head
 def doomed(
     heads: Sequence[Head], keep_last: int | None, max_age_us: int | None, now_us: int, unfinished: set[int]
 ) -> dict[str, list[str]]:
-    """The checkpoints retention drops, per namespace, from (ns, id, job, created_at) heads."""
+    """The checkpoints retention drops, per namespace, from (ns, id, job, created_at) heads: past
+    `keep_last` or older than `max_age`, but never a namespace's newest, nor the newest an
+    unfinished job wrote there (where it resumes; its older ones go as any others do)."""
     by_ns: dict[str, list[Head]] = {}
     for head in heads:
         by_ns.setdefault(head[0], []).append(head)
     dropped: dict[str, list[str]] = {}
     for ns, rows in by_ns.items():
         rows.sort(key=lambda head: head[1], reverse=True)  # ids grow with time (uuid6)
+        resumed_from: set[int] = set()  # unfinished jobs whose newest checkpoint was passed
         for place, (_, checkpoint_id, job, created_at) in enumerate(rows):
-            if place == 0 or (job is not None and job in unfinished):
+            if job in unfinished and job not in resumed_from:
+                resumed_from.add(job)
+                continue
+            if place == 0:
                 continue
             too_many = keep_last is not None and place >= keep_last
             too_old = max_age_us is not None and created_at < now_us - max_age_us

@@ -172,7 +172,7 @@ def _answer(queue: Queue, job_id: int | None, node: str, interrupt: Any) -> Any:
 def _free_name(queue: Queue, job_id: int, node: str) -> str:
     """The node's name, or "node-2", "node-3", ... if this job already waited under it (a value
     sent ahead under a name is not a wait the job reached: it is kept for it)."""
-    taken = {row.name for row in queue.manager.inbox.waits([job_id]) if row.reached_at is not None}
+    taken = {row.name for row in queue.waits(job_id) if row.reached_at is not None}
     name, n = node, 1
     while name in taken:
         n += 1

@@ -49,8 +49,8 @@ class QueueSaver(BaseCheckpointSaver[str]):
         max_age: drop checkpoints older than this (seconds or a timedelta; None: never).
         allowed: your own state types the serializer may build, beyond LangGraph's safe list.
 
-    Retention never drops a namespace's newest checkpoint, nor one written by a job that has
-    not finished (a waiting graph resumes from it).
+    Retention never drops a namespace's newest checkpoint, nor the newest one a job that has
+    not finished wrote (a waiting graph resumes from it).
     """
 
     def __init__(
@@ -97,7 +97,7 @@ class QueueSaver(BaseCheckpointSaver[str]):
         kind, data = self.serde.dumps_typed({"checkpoint": body, "metadata": meta})
         versions = json.dumps({str(c): str(v) for c, v in checkpoint["channel_versions"].items()})
         row = CheckpointRow(thread, ns, checkpoint["id"], parent, kind, data, versions)
-        running = context.current()  # a job's checkpoints are kept while it is unfinished
+        running = context.current()  # an unfinished job's newest checkpoint is kept (it resumes there)
         run_id = meta.get("run_id")
         job_id = running.job.id if running else None
         self._room.put(row, stored, job_id, None if run_id is None else str(run_id))
@@ -178,8 +178,8 @@ class QueueSaver(BaseCheckpointSaver[str]):
         self._room.copy_thread(str(source_thread_id), str(target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """ "keep_latest": keep each namespace's newest checkpoint (and those of unfinished jobs);
-        "delete": delete the threads."""
+        """Either keep each namespace's newest checkpoint (and an unfinished job's newest):
+        "keep_latest"; or delete the threads: "delete"."""
         if strategy not in STRATEGIES:
             raise InvalidArgument(f"prune's strategy is one of {', '.join(STRATEGIES)}, not {strategy!r}")
         if strategy == "delete":

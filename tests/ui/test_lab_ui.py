@@ -7,7 +7,9 @@ running job is pinned first with a moving bar; the chart is drawn; no job or gro
 is taller than one line. It requeues the dead-letter group with one click, opens the
 running job by clicking its row, cancels it from the detail pane, and waits for the
 board to show every other job completed. Jobs that wait for a person lead the board ("needs
-you"); a click on a job's Approve button, then on "approve all", completes them. Any error
+you"); a click on a job's Approve button, then on "approve all", completes them. A LangGraph
+graph run as a job (enqueue_graph) asks there too, from its node's interrupt; a click on its
+Approve button resumes the graph, which completes with the verdict in its final state. Any error
 output, "Error displaying widget" or browser console error
 fails the test. Only the server this test started is stopped, by its process id.
 
@@ -463,6 +465,7 @@ def _drive(lab: Lab, browser: Browser, tmp_path: Path) -> None:
         _search_export_and_the_graph(lab, browser, board, shots)
         _questions_answered_on_the_board(lab, browser, board, shots)
         _a_stream_grows_in_the_detail_pane(lab, browser, board, shots)
+        _a_graph_interrupt_answered_on_the_board(lab, browser, board)
     except BaseException:
         page.screenshot(path=str(shots / "failure.png"), full_page=True)
         print(f"screenshots in {shots}\n--- jupyter-lab log ---\n{lab.log_tail()}")
@@ -637,13 +640,8 @@ def _questions_answered_on_the_board(lab: Lab, browser: Browser, board: Any, sho
     needs = board.locator(".nbqueue-needs")
     table = board.locator("table.nbqueue-jobs")
 
-    # Above the running jobs and the table; a sleeper says when it wakes. (A box is None while
-    # the board redraws the element: wait until both are laid out.)
-    def laid_out() -> tuple[Any, Any] | None:
-        both = needs.bounding_box(), table.bounding_box()
-        return both if all(both) else None
-
-    above, below = wait_until(laid_out, 10, "the needs-you section and the table laid out", every=0.2)
+    # Above the running jobs and the table; a sleeper says when it wakes.
+    above, below = _laid_out(needs, table, "the needs-you section and the table")
     assert above["y"] < below["y"]
     board.locator("text=wakes in 5").first.wait_for(timeout=10_000)
     first = entries.first
@@ -746,7 +744,7 @@ def _save_between(page: Any, top: Any, bottom: Any, shots: Path, name: str, marg
     try:
         top.evaluate("(el) => el.scrollIntoView({block: 'start'})")
         page.wait_for_timeout(300)  # the notebook lays out again
-        start, end = top.bounding_box(), bottom.bounding_box()
+        start, end = _laid_out(top, bottom, f"both ends of {name}")
         height = end["y"] + end["height"] - start["y"] + 8
         clip = {
             "x": start["x"] - margin,
@@ -761,9 +759,120 @@ def _save_between(page: Any, top: Any, bottom: Any, shots: Path, name: str, marg
     return _published(path, name)
 
 
+def _laid_out(first: Any, second: Any, what: str) -> tuple[Any, Any]:
+    """Both elements' boxes, once both are laid out (a box is None while the board redraws its
+    element: it failed so once under load for each caller)."""
+
+    def boxes() -> tuple[Any, Any] | None:
+        both = first.bounding_box(), second.bounding_box()
+        return both if all(both) else None
+
+    found = wait_until(boxes, 10, f"{what} laid out", every=0.2)
+    assert found is not None
+    return found
+
+
 def _published(path: Path, name: str) -> Path:
     """A screenshot, also copied to docs/ when NBQUEUE_UPDATE_SCREENSHOTS=1."""
     if os.environ.get("NBQUEUE_UPDATE_SCREENSHOTS") == "1":
         DOCS.mkdir(exist_ok=True)
         shutil.copy(path, DOCS / name)
     return path
+
+
+# Run in the board's kernel: a LangGraph graph, draft -> review -> publish, whose review node asks
+# a person through interrupt(); enqueue_graph runs it as a job of the board's queue.
+GRAPH = """
+from typing import TypedDict
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
+
+from nbqueue.integrations.langgraph import enqueue_graph
+
+class Post(TypedDict, total=False):
+    topic: str
+    draft: str
+    verdict: str
+    published: bool
+
+def draft(state: Post) -> Post:
+    return {"draft": f"Release notes for {state['topic']}"}
+
+def review(state: Post) -> Post:
+    question = f"Publish {state['draft']!r}? (LangGraph)"
+    verdict = interrupt({"prompt": question, "choices": ["approve", "reject"]})
+    return {"verdict": verdict}
+
+def publish(state: Post) -> Post:
+    return {"published": state["verdict"] == "approve"}
+
+builder = StateGraph(Post)
+for node in (draft, review, publish):
+    builder.add_node(node.__name__, node)
+builder.add_edge(START, "draft")
+builder.add_edge("draft", "review")
+builder.add_edge("review", "publish")
+builder.add_edge("publish", END)
+graph_job = enqueue_graph(q, builder.compile(name="release-notes"), {"topic": "nbqueue 1.4"})
+"""
+GRAPH_TASK = "langgraph.release-notes"
+GRAPH_PROMPT = "Publish 'Release notes for nbqueue 1.4'? (LangGraph)"
+GRAPH_FINAL = {
+    "topic": "nbqueue 1.4",
+    "draft": "Release notes for nbqueue 1.4",
+    "verdict": "approve",
+    "published": True,
+}
+# Like BOARD_KERNEL_JS, but what the kernel replied: code sent this way has no cell to show an error.
+BOARD_KERNEL_REPLY_JS = """async (code) => {
+    const reply = await [...window.jupyterapp.shell.widgets('main')]
+        .find((w) => w.context?.path?.endsWith('board.ipynb'))
+        .sessionContext.session.kernel.requestExecute({code}).done;
+    const {status, ename, evalue} = reply.content;
+    return {status, error: status === 'ok' ? null : `${ename}: ${evalue}`};
+}"""
+
+
+def _a_graph_interrupt_answered_on_the_board(lab: Lab, browser: Browser, board: Any) -> None:
+    """A LangGraph graph run as a job stops at its review node's interrupt: the board asks its
+    question under "needs you", named after the node, with one button per choice; a click on
+    Approve resumes the graph, and the job completes with the final state, verdict "approve"."""
+    page = browser.page
+    reply = page.evaluate(BOARD_KERNEL_REPLY_JS, GRAPH)
+    assert reply["status"] == "ok", reply["error"]
+    entries = board.locator(".nbqueue-needs .nbqueue-need-entry")
+    wait_until(lambda: entries.count() == 1, 30, "the graph's question on the board", every=0.25)
+    entry = entries.first
+    with nbqueue.Queue(str(lab.db)) as q:
+        [job] = [j for j in q.jobs(limit=100) if j.task == GRAPH_TASK]
+    assert entry.locator(".nbqueue-need").get_attribute("data-job-id") == str(job.id)
+    assert entry.locator(".nbqueue-prompt").inner_text() == GRAPH_PROMPT
+    head = entry.locator(".nbqueue-need").inner_text()
+    assert f"#{job.id} {GRAPH_TASK} · review ·" in head, head  # the wait: the node's name
+    assert entry.get_by_role("button").all_inner_texts() == ["approve", "reject"]
+    badge = board.locator(".nbqueue-badge")
+    wait_until(lambda: badge.get_attribute("data-count") == "1", 10, "the sign counting it", every=0.2)
+
+    entry.get_by_role("button", name="approve", exact=True).click()
+    board.locator(".nbqueue-needs-message", has_text=f"to job {job.id} as 'review'").wait_for()
+
+    def completed() -> bool:
+        _no_new_problems(browser)
+        with nbqueue.Queue(str(lab.db)) as q:
+            now = q.get(job.id)
+        assert now.status is not nbqueue.State.DEAD, f"graph job {job.id} dead: {now.error}"
+        return now.status is nbqueue.State.COMPLETED
+
+    wait_until(completed, 30, f"graph job {job.id} completed", every=0.25)
+    with nbqueue.Queue(str(lab.db)) as q:
+        assert q.get(job.id).value == GRAPH_FINAL
+    # The kernel that enqueued it reads the same result.
+    check = f"assert q.get(graph_job.id).value == {GRAPH_FINAL!r}, q.get(graph_job.id).value"
+    reply = page.evaluate(BOARD_KERNEL_REPLY_JS, check)
+    assert reply["status"] == "ok", reply["error"]
+    row = board.locator(f"table.nbqueue-jobs tbody tr[data-row-id='{job.id}']")
+    wait_until(lambda: row.get_attribute("data-status") == "completed", 10, "its row completed", every=0.2)
+    wait_until(lambda: entries.count() == 0, 10, "no question left", every=0.2)
+    wait_until(lambda: badge.get_attribute("data-count") == "0", 10, "the sign cleared", every=0.2)
+    _no_new_problems(browser)

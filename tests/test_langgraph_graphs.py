@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -410,3 +411,69 @@ def test_what_is_not_a_compiled_graph_or_not_json_is_refused(queue: Queue) -> No
         enqueue_graph(queue, builder.compile(name="chat"), {"messages": [HumanMessage("hi")]})
     assert queue.jobs() == []  # nothing was enqueued
     assert sum(queue.counts().values()) == 0
+
+
+def one_node(node: str, value: str) -> Any:
+    builder = StateGraph(Draft)
+    builder.add_node(node, lambda s: {"draft": value})
+    builder.add_edge(START, node)
+    builder.add_edge(node, END)
+    return builder.compile()  # unnamed: LangGraph calls every such graph "LangGraph"
+
+
+def test_two_unnamed_graphs_are_not_taken_for_one(queue: Queue) -> None:
+    first = enqueue_graph(queue, one_node("a", "one"), {"draft": "", "log": []})
+    enqueue_graph(queue, one_node("a", "one again"), {"draft": "", "log": []})  # redefined: replaces
+    with pytest.raises(
+        nbqueue.InvalidArgument, match=r"nodes __start__, a\) already runs as 'langgraph.LangGraph'"
+    ):
+        enqueue_graph(queue, one_node("b", "two"), {"draft": "", "log": []})
+    named = enqueue_graph(queue, one_node("b", "two"), {"draft": "", "log": []}, name="other")
+    with queue.worker(**QUICK):
+        assert named.result(timeout=20)["draft"] == "two"
+        assert first.result(timeout=20)["draft"] == "one again"  # the newer definition ran
+    assert queue.counts()["pending"] == 0
+
+
+# -- an interrupt's deadline, and what the board shows of a graph job ------------------------------
+
+
+def test_an_interrupt_with_a_timeout_and_default_takes_the_default_at_its_deadline(queue: Queue) -> None:
+    def review(state: Draft) -> dict[str, Any]:
+        answer = interrupt({"prompt": "Publish?", "choices": ["approve", "reject"], "timeout": 0.3,
+                            "default": "reject"})  # fmt: skip
+        return {"verdict": answer}
+
+    builder = StateGraph(Draft)
+    builder.add_node("review", review)
+    builder.add_edge(START, "review")
+    builder.add_edge("review", END)
+    job = enqueue_graph(queue, builder.compile(name="deadline"), {"draft": "", "log": []})
+    with queue.worker(**QUICK):
+        until_status(queue, job, "waiting")
+        [row] = queue.waiting().to_dict("records")
+        assert row["deadline"] - row["since"] <= timedelta(seconds=1)
+        assert job.result(timeout=20)["verdict"] == "reject"  # woken at its deadline: the default
+    [wait] = queue.waits(job)
+    assert wait.name == "review" and wait.expired_at is not None and wait.value is None
+
+
+def test_the_board_shows_a_graph_job_s_question_without_its_bookkeeping_steps(queue: Queue) -> None:
+    from nbqueue.jupyter.waits import entry_html
+
+    def review(state: Draft) -> dict[str, Any]:
+        return {"verdict": interrupt("Ship it?")}
+
+    builder = StateGraph(Draft)
+    builder.add_node("review", review)
+    builder.add_edge(START, "review")
+    builder.add_edge("review", END)
+    job = enqueue_graph(queue, builder.compile(name="ship"), {"draft": "", "log": []})
+    with queue.worker(**QUICK):
+        until_status(queue, job, "waiting")
+    steps = queue.step_rows(job)
+    assert {s.name for s in steps} >= {"langgraph: thread before this job"}  # recorded ...
+    [wait] = queue.waits(job)
+    html = entry_html(queue.get(job.id), wait, steps, queue.manager.now_us())
+    assert "Ship it?" in html and "review" in html
+    assert "langgraph:" not in html  # ... but not shown as what the job knows

@@ -33,6 +33,7 @@ TUTORIALS = {
     "08-notebook-jobs.ipynb",
     "09-jobs-that-wait.ipynb",
     "10-streams.ipynb",
+    "11-langgraph.ipynb",
 }
 
 

@@ -21,6 +21,9 @@ from .render import STEP_PREVIEW, ago, step_value
 
 COLOUR = COLOURS[State.WAITING]
 STEPS_SHOWN = 3  # the last steps a "needs you" entry shows, for context
+# Steps an integration records for itself (a LangGraph job's thread and interrupt names): not
+# what the job knows, so not shown as its context.
+BOOKKEEPING = "langgraph:"
 
 
 def for_a_person(row: WaitRow | None) -> bool:
@@ -79,9 +82,10 @@ def entry_html(job: Job, row: WaitRow, steps: Sequence[StepRow], now_us: int) ->
         f" · <span class='nbqueue-due' style='color:{COLOURS[State.DEAD] if urgent else '#495057'}'"
         f"{_deadline_title(row)}>{html.escape(deadline)}</span>"
     )
+    known = [s for s in steps if not s.name.startswith(BOOKKEEPING)]
     recent = [
         f"<span class='nbqueue-need-step'>{html.escape(s.name)} = <code>{html.escape(_step(s))}</code></span>"
-        for s in steps[-STEPS_SHOWN:]
+        for s in known[-STEPS_SHOWN:]
     ]
     context = (
         "<div style='font-size:11px;color:#6c757d;white-space:nowrap;overflow:hidden;"

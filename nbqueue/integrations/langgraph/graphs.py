@@ -9,8 +9,8 @@ on from the thread's last checkpoint, so no finished step runs again. What the g
 An `interrupt(value)` in a node becomes a wait named after the node (`q.send(job, node,
 answer)`, or the board's buttons): the job waits without holding a worker, and the answer
 resumes the graph with `Command(resume=answer)`. A string value is the prompt; a dict may
-give "prompt" (or "question") and "choices". A node that interrupts again in the same job
-gets "node-2", "node-3", ...
+give "prompt" (or "question"), "choices", "timeout" (seconds) and "default" (`wait_for`'s). A
+node that interrupts again in the same job gets "node-2", "node-3", ...
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
-from ... import context, emit, step, wait_for
+from ... import context, emit, step, tasks, wait_for
 from ...errors import InvalidArgument, NbqueueError
 from ...jobs import Job
 from ...streams import Dropped
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 PREFIX = "langgraph."
 BEGUN = "langgraph: thread before this job"  # the step that records where the job's thread stood
+NODES = "langgraph_nodes"  # the attribute of a graph's task function naming the graph's nodes
 
 
 def graph_task(
@@ -56,9 +57,23 @@ def graph_task(
 
     A worker in another process needs the same registration: call this where the graph is
     defined. `options` are `q.task`'s (max_retries, timeout, queue, limits, ...).
+
+    Raises:
+        InvalidArgument: not a compiled graph, or another graph (other nodes) already runs under
+            this name in this process: name them (`builder.compile(name=...)` or `name=`).
     """
     if not hasattr(graph, "stream") or not hasattr(graph, "get_state"):
         raise InvalidArgument(f"graph_task needs a compiled graph (builder.compile()), not {graph!r}")
+    label = name or getattr(graph, "name", None) or "LangGraph"
+    # A graph redefined (a notebook cell run again) replaces its task; another graph (other
+    # nodes) under the same name would run in its place: refused.
+    nodes = tuple(sorted(getattr(graph, "nodes", {})))
+    known = getattr(getattr(tasks.find(PREFIX + label), "fn", None), NODES, nodes)
+    if known != nodes:
+        raise InvalidArgument(
+            f"another graph (nodes {', '.join(known)}) already runs as {PREFIX + label!r}: "
+            "give each graph a name (builder.compile(name=...) or graph_task(..., name=...))"
+        )
     saver = QueueSaver(queue, keep_last=keep_last, max_age=max_age, allowed=allowed)
     durable = graph.copy(update={"checkpointer": saver})
     modes = stream_mode if isinstance(stream_mode, str) else list(stream_mode)
@@ -86,8 +101,8 @@ def graph_task(
             else:
                 return jsonable(state.values)
 
-    label = name or getattr(graph, "name", None) or "LangGraph"
     run_graph.__doc__ = f"Run the LangGraph graph {label!r} on a thread checkpointed in the queue."
+    setattr(run_graph, NODES, nodes)
     return queue.task(name=PREFIX + label, **options)(run_graph)
 
 
@@ -161,12 +176,17 @@ def _answer(queue: Queue, job_id: int | None, node: str, interrupt: Any) -> Any:
         raise NbqueueError("an interrupted graph waits for its answer only when it runs as a job")
     wait = step(f"langgraph: interrupt {interrupt.id}", _free_name, queue, job_id, node)
     value = interrupt.value
-    prompt, choices = value, None
-    if isinstance(value, dict):
-        prompt = value.get("prompt", value.get("question", value))
-        choices = value.get("choices") if isinstance(value.get("choices"), list) else None
-    text = prompt if isinstance(prompt, str) else json.dumps(jsonable(prompt))
-    return wait_for(wait, prompt=text, choices=choices)
+    if not isinstance(value, dict):
+        return wait_for(wait, prompt=value if isinstance(value, str) else json.dumps(jsonable(value)))
+    prompt = value.get("prompt", value.get("question", value))
+    asked: dict[str, Any] = {
+        "prompt": prompt if isinstance(prompt, str) else json.dumps(jsonable(prompt)),
+        "choices": value.get("choices") if isinstance(value.get("choices"), list) else None,
+        "timeout": value.get("timeout"),  # seconds; at the deadline: "default", or WaitExpired
+    }
+    if "default" in value:
+        asked["default"] = value["default"]
+    return wait_for(wait, **asked)
 
 
 def _free_name(queue: Queue, job_id: int, node: str) -> str:

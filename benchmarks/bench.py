@@ -9,6 +9,9 @@ after nbqueue, and reported as nbqueue/peer. `make bench` installs them into
 jobs) are ratios of nbqueue to itself. Streams (on SQLite and PostgreSQL): 10,000 emits in
 one job against 10,000 q.get reads in the same round, and how long a follower (another
 process, or this one) takes to see an item. `--only streams` runs just those rows.
+LangGraph (benchmarks/langgraph_bench.py): QueueSaver on SQLite (all checkpoints, and keep_last=10)
+and PostgreSQL next to langgraph-checkpoint-sqlite's SqliteSaver on the same 1,000-step thread,
+puts/s, get_tuple/s and bytes stored as QueueSaver/SqliteSaver; `--only langgraph` runs just it.
 `--json FILE` keeps every sample.
 """
 
@@ -37,6 +40,7 @@ from nbqueue.storage import NewJob
 from nbqueue.storage import sqlite_queries as queries
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import langgraph_bench
 import peers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -893,7 +897,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: check the script, not the figures")
     parser.add_argument("--json", type=Path, help="write every figure and sample here")
     parser.add_argument(
-        "--only", choices=["streams"], help="run only these rows (on SQLite, then on PostgreSQL)"
+        "--only",
+        choices=["streams", "langgraph"],
+        help="run only these rows (on SQLite, then on PostgreSQL)",
     )
     args = parser.parse_args(argv)
     began = time.monotonic()
@@ -909,6 +915,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         if args.only == "streams":
             streams_only(folder, runs, args.quick, report)
+            return finish(report, began, args.json)
+        if args.only == "langgraph":
+            langgraph_section(folder, runs, args.quick, report)
             return finish(report, began, args.json)
         huey_sync = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[peers.huey_default_synchronous()]
         report["peers"] = {"versions": peers.versions(), "huey_default_synchronous": huey_sync}
@@ -1138,6 +1147,7 @@ def main(argv: list[str] | None = None) -> int:
             report["postgres"][name] = fig | {"target": 0.4, "versus": versus}
             print_case(name, fig, 0.4, versus + " (one q.send per job; 1 thread, in process)")
             stream_rows(folder, PG_SERVER, runs, args.quick, report["postgres"])
+        langgraph_section(folder, runs, args.quick, report)
     return finish(report, began, args.json)
 
 
@@ -1162,6 +1172,19 @@ def streams_only(folder: Path, runs: int, quick: bool, report: dict[str, Any]) -
         return
     print(HEADER)
     stream_rows(folder, PG_SERVER, runs, quick, report["postgres"])
+
+
+def langgraph_section(folder: Path, runs: int, quick: bool, report: dict[str, Any]) -> None:
+    """QueueSaver next to SqliteSaver on one LangGraph thread (benchmarks/langgraph_bench.py)."""
+    server = PG_SERVER if peers.server_reachable(PG_SERVER) else None
+    where = (
+        f"PostgreSQL on {PG_SERVER.rsplit('@', 1)[-1]}, a fresh schema each" if server else "no PostgreSQL"
+    )
+    print(
+        f"\nLangGraph checkpointers: QueueSaver next to langgraph-checkpoint-sqlite's SqliteSaver ({where})"
+    )
+    report["langgraph"] = {}
+    langgraph_bench.langgraph_rows(folder, server, runs, quick, report["langgraph"])
 
 
 if __name__ == "__main__":

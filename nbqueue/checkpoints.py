@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from .records import CheckpointRow, PendingWriteRow, StoredValue
 from .storage import Storage
-from .storage.checkpoints import Head
+from .storage.checkpoints import Head, Retain
 
 
 def doomed(
@@ -56,9 +56,13 @@ class Checkpoints:
         values: Sequence[tuple[str, str, StoredValue]],
         job_id: int | None,
         run_id: str | None,
+        keep_last: int | None = None,
+        max_age_us: int | None = None,
     ) -> None:
-        """Write a checkpoint with the channel values it stores anew (channel, version, value)."""
-        self._storage.put_checkpoint(row, values, job_id, run_id)
+        """Write a checkpoint with the channel values it stores anew (channel, version, value),
+        and drop what retention drops of its thread, in one transaction."""
+        retain = None if keep_last is None and max_age_us is None else self._rule(keep_last, max_age_us)
+        self._storage.put_checkpoint(row, values, job_id, run_id, retain)
 
     def get(self, thread: str, ns: str, checkpoint_id: str | None) -> CheckpointRow | None:
         """One checkpoint, or the newest of a thread's namespace."""
@@ -93,13 +97,18 @@ class Checkpoints:
         """Drop what retention drops in a thread (see `doomed`); how many checkpoints went."""
         if keep_last is None and max_age_us is None:
             return 0
-        heads = self._storage.checkpoint_heads(thread)
-        if keep_last is not None and max_age_us is None and len(heads) <= keep_last:
-            return 0
-        jobs = sorted({job for _, _, job, _ in heads if job is not None})
-        unfinished = self._storage.unfinished_of(jobs)
-        dropped = doomed(heads, keep_last, max_age_us, self._now_us(), unfinished)
-        return sum(self._storage.drop_checkpoints(thread, ns, ids) for ns, ids in dropped.items())
+        return self._storage.retain_checkpoints(thread, self._rule(keep_last, max_age_us))
+
+    def _rule(self, keep_last: int | None, max_age_us: int | None) -> Retain:
+        def retain(
+            heads: list[Head], unfinished_of: Callable[[Sequence[int]], set[int]]
+        ) -> dict[str, list[str]]:
+            if max_age_us is None and keep_last is not None and len(heads) <= keep_last:
+                return {}  # (each namespace has at most that many: nothing to ask)
+            jobs = sorted({job for _, _, job, _ in heads if job is not None})
+            return doomed(heads, keep_last, max_age_us, self._now_us(), unfinished_of(jobs))
+
+        return retain
 
     def delete_threads(self, threads: Sequence[str]) -> None:
         """Delete everything these threads stored."""

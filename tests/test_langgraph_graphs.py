@@ -10,6 +10,7 @@ SIGKILL, real SQLite files and the real PostgreSQL server.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 import signal
@@ -31,7 +32,7 @@ from langgraph.types import interrupt
 
 import nbqueue
 from nbqueue import Queue
-from nbqueue.integrations.langgraph import QueueSaver, enqueue_graph, graph_task
+from nbqueue.integrations.langgraph import QueueSaver, UnsafeCheckpoint, enqueue_graph, graph_task
 from tests import langgraph_app
 from tests.helpers import QUICK_RETRY, MakeQueue, raw_rows, wait_until
 
@@ -477,3 +478,31 @@ def test_the_board_shows_a_graph_job_s_question_without_its_bookkeeping_steps(qu
     html = entry_html(queue.get(job.id), wait, steps, queue.manager.now_us())
     assert "Ship it?" in html and "review" in html
     assert "langgraph:" not in html  # ... but not shown as what the job knows
+
+
+@dataclasses.dataclass
+class Note:
+    text: str
+
+
+class Noted(TypedDict):
+    note: Note
+    ok: str
+
+
+def test_a_graph_s_own_state_types_are_built_again_after_a_wait(queue: Queue) -> None:
+    """The saver builds no class it was not told of; the types a graph's schemas name are its
+    own, so graph_task tells it (else the resumed run could not read its own checkpoint)."""
+    builder = StateGraph(Noted)
+    builder.add_node("a", lambda s: {"note": Note("hi")})
+    builder.add_node("b", lambda s: {"ok": interrupt("ok?")})
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("b", END)
+    job = enqueue_graph(queue, builder.compile(name="notes"), {"ok": ""})
+    with queue.worker(**QUICK):
+        until_status(queue, job, "waiting")
+        queue.send(job, "b", "yes")
+        assert job.result(timeout=20) == {"note": {"text": "hi"}, "ok": "yes"}
+    with pytest.raises(UnsafeCheckpoint, match="Note"):  # a saver not told of Note builds none
+        QueueSaver(queue).get_tuple({"configurable": {"thread_id": f"nbqueue-job-{job.id}"}})

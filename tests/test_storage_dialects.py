@@ -16,12 +16,20 @@ from pathlib import Path
 import pytest
 
 from nbqueue.storage import postgres_queries, sqlite_queries
+from nbqueue.storage.checkpoint_statements import CheckpointStatements
 from nbqueue.storage.statements import Dialect, Statements, Written
 
 STORAGE = Path(__file__).resolve().parent.parent / "nbqueue" / "storage"
 LITE, PG = sqlite_queries.SQL, postgres_queries.SQL
 NAMES = [f.name for f in dataclasses.fields(Statements) if f.name != "dialect"]
 WRITTEN = {f.name for f in dataclasses.fields(Written)}
+# The LangGraph checkpoint statements (storage/checkpoints.py), built once for both dialects.
+LITE_CP, PG_CP = sqlite_queries.CHECKPOINT_SQL, postgres_queries.CHECKPOINT_SQL
+CHECKPOINT_NAMES = [f.name for f in dataclasses.fields(CheckpointStatements)]
+# Each dialect's own way to hold a thread's writers apart: PostgreSQL's advisory lock; none on
+# SQLite, whose write transaction holds the file.
+OWN_CHECKPOINT_WORDS = {"LOCK_THREAD"}
+SHARED_CHECKPOINT_NAMES = [name for name in CHECKPOINT_NAMES if name not in OWN_CHECKPOINT_WORDS]
 
 
 def used_names() -> dict[str, set[str]]:
@@ -115,7 +123,7 @@ def test_the_normal_form_really_removes_only_the_dialects_spellings() -> None:
 
 def test_no_statement_is_edited_at_run_time_or_looked_up_by_name() -> None:
     """The statements are attributes read by name in the code (typed), never getattr by string."""
-    for module in ("sql.py", "cascade.py", "sqlite.py", "postgres.py"):
+    for module in ("sql.py", "cascade.py", "sqlite.py", "postgres.py", "checkpoints.py"):
         tree = ast.parse((STORAGE / module).read_text())
         lookups = [
             node.lineno
@@ -126,3 +134,52 @@ def test_no_statement_is_edited_at_run_time_or_looked_up_by_name() -> None:
             and any(isinstance(a, ast.Name) and a.id in ("sql", "SQL") for a in node.args[:1])
         ]
         assert not lookups, f"{module} looks statements up by name at lines {lookups}"
+
+
+def checkpoint_names_used() -> set[str]:
+    """Every attribute of a CheckpointStatements the checkpoint verbs read: `self.checkpoint_sql.X`,
+    or `sql.X` on a local named sql (what they bind it to)."""
+    return {
+        node.attr
+        for node in ast.walk(ast.parse((STORAGE / "checkpoints.py").read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr.isupper()
+        and ast.unparse(node.value) in ("self.checkpoint_sql", "sql")
+    }
+
+
+def test_both_dialects_define_every_checkpoint_statement_the_verbs_run_and_no_other() -> None:
+    for statements in (LITE_CP, PG_CP):
+        assert isinstance(statements, CheckpointStatements)
+        for name in SHARED_CHECKPOINT_NAMES:
+            text = getattr(statements, name)
+            for one in text if isinstance(text, tuple) else [text]:
+                assert isinstance(one, str) and one.strip(), name
+    assert LITE_CP.LOCK_THREAD == "" and "pg_advisory_xact_lock" in PG_CP.LOCK_THREAD
+    for name in CHECKPOINT_NAMES:  # a tuple runs in order: the same statements, as many, in both
+        lite, pg = getattr(LITE_CP, name), getattr(PG_CP, name)
+        assert isinstance(lite, tuple) == isinstance(pg, tuple), name
+        assert not isinstance(lite, tuple) or len(lite) == len(pg) > 0, name
+    used = checkpoint_names_used()
+    missing = sorted(used - set(CHECKPOINT_NAMES))
+    assert not missing, f"run by storage/checkpoints.py but not a checkpoint statement: {missing}"
+    unused = sorted(set(CHECKPOINT_NAMES) - used)
+    assert not unused, f"checkpoint statements storage/checkpoints.py never runs: {unused}"
+
+
+@pytest.mark.parametrize("name", SHARED_CHECKPOINT_NAMES)
+def test_a_checkpoint_statement_differs_only_where_the_dialect_says(name: str) -> None:
+    lite, pg = getattr(LITE_CP, name), getattr(PG_CP, name)
+    pairs = list(zip(lite, pg, strict=True)) if isinstance(lite, tuple) else [(lite, pg)]
+    for one_lite, one_pg in pairs:
+        assert to_one_form(one_lite, LITE.dialect) == to_one_form(one_pg, PG.dialect)
+
+
+def test_the_normal_form_tells_checkpoint_statements_apart() -> None:
+    """The check above is not empty for them either: a real difference survives it."""
+    assert to_one_form(LITE_CP.DROP, LITE.dialect) != to_one_form(PG_CP.DROP_WRITES, PG.dialect)
+    changed = LITE_CP.HEADS.replace("WHERE thread", "WHERE ns")
+    assert to_one_form(changed, LITE.dialect) != to_one_form(PG_CP.HEADS, PG.dialect)
+    assert to_one_form(LITE_CP.UNFINISHED, LITE.dialect) == to_one_form(PG_CP.UNFINISHED, PG.dialect)
+    assert "%(" not in to_one_form(PG_CP.PUT, PG.dialect)
+    assert "IN [ids]" in to_one_form(PG_CP.DROP, PG.dialect)

@@ -41,10 +41,11 @@ class CheckpointStatements:
     OF_RUNS: str
     FORGET_THREADS: tuple[str, ...]
     COPY_THREAD: tuple[str, ...]
+    LOCK_THREAD: str  # holds a thread's writers apart until the transaction ends ("": needless)
 
 
-def build_checkpoints(d: Dialect) -> CheckpointStatements:
-    """The checkpoint statements in `d`'s spelling."""
+def build_checkpoints(d: Dialect, lock_thread: str) -> CheckpointStatements:
+    """The checkpoint statements in `d`'s spelling; `lock_thread` its way to hold a thread."""
     r = d.render
     where = "thread = :thread AND ns = :ns"
     tables = ("nbqueue_checkpoints", "nbqueue_checkpoint_values", "nbqueue_checkpoint_writes")
@@ -96,7 +97,14 @@ def build_checkpoints(d: Dialect) -> CheckpointStatements:
         HEADS=r("SELECT ns, id, job_id, created_at FROM nbqueue_checkpoints WHERE thread = :thread"),
         UNFINISHED=r(f"SELECT id FROM nbqueue_jobs WHERE id IN [:ids::bigint] AND {UNFINISHED_SQL}"),
         DROP=r(f"DELETE FROM nbqueue_checkpoints WHERE {where} AND id IN [:ids::text] RETURNING 1"),
-        DROP_WRITES=r(f"DELETE FROM nbqueue_checkpoint_writes WHERE {where} AND checkpoint IN [:ids::text]"),
+        # Writes whose checkpoint is gone (none is newer than the newest, which retention keeps:
+        # a write may be stored before its checkpoint).
+        DROP_WRITES=r(
+            f"DELETE FROM nbqueue_checkpoint_writes WHERE {where} AND checkpoint < (SELECT id FROM "
+            "nbqueue_checkpoints c WHERE c.thread = :thread AND c.ns = :ns ORDER BY id DESC LIMIT 1) "
+            "AND NOT EXISTS (SELECT 1 FROM nbqueue_checkpoints c WHERE c.thread = :thread "
+            "AND c.ns = :ns AND c.id = checkpoint)"
+        ),
         KEPT_VERSIONS=r(f"SELECT versions FROM nbqueue_checkpoints WHERE {where}"),
         VALUE_KEYS=r(f"SELECT channel, version FROM nbqueue_checkpoint_values WHERE {where}"),
         DROP_VALUE=r(
@@ -112,4 +120,5 @@ def build_checkpoints(d: Dialect) -> CheckpointStatements:
             )
             for t in tables
         ),
+        LOCK_THREAD=r(lock_thread) if lock_thread else "",
     )

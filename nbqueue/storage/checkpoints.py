@@ -19,6 +19,9 @@ from .statements import Params, Tx
 
 T = TypeVar("T")
 Head = tuple[str, str, int | None, int]  # ns, checkpoint id, the job that wrote it, created_at (µs)
+#: What retention drops, per namespace, given a thread's heads and a way to ask which of some
+#: jobs are unfinished (nbqueue.checkpoints decides; the storage runs it in its transaction).
+Retain = Callable[[list[Head], Callable[[Sequence[int]], set[int]]], dict[str, list[str]]]
 
 
 class CheckpointStorage(Protocol):
@@ -30,8 +33,10 @@ class CheckpointStorage(Protocol):
         values: Sequence[tuple[str, str, StoredValue]],
         job_id: int | None,
         run_id: str | None,
+        retain: Retain | None,
     ) -> None:
-        """Write a checkpoint and the (channel, version, value)s it stores anew, together."""
+        """Write a checkpoint and the (channel, version, value)s it stores anew, then drop what
+        `retain` says of its thread, in one transaction."""
         ...
 
     def checkpoint(self, thread: str, ns: str, checkpoint_id: str | None) -> CheckpointRow | None:
@@ -64,16 +69,9 @@ class CheckpointStorage(Protocol):
         is stored under its (task, idx), another keeps the first stored."""
         ...
 
-    def checkpoint_heads(self, thread: str) -> list[Head]:
-        """(ns, id, job, created_at) of each checkpoint of a thread: what retention weighs."""
-        ...
-
-    def unfinished_of(self, job_ids: Sequence[int]) -> set[int]:
-        """Which of these jobs are not finished."""
-        ...
-
-    def drop_checkpoints(self, thread: str, ns: str, ids: Sequence[str]) -> int:
-        """Delete checkpoints, their writes, and the values no checkpoint left reads; how many."""
+    def retain_checkpoints(self, thread: str, retain: Retain) -> int:
+        """Drop what `retain` says of a thread (with the writes and values only they read); how
+        many checkpoints went."""
         ...
 
     def forget_threads(self, threads: Sequence[str]) -> None:
@@ -109,6 +107,7 @@ class SqlCheckpoints:
         values: Sequence[tuple[str, str, StoredValue]],
         job_id: int | None,
         run_id: str | None,
+        retain: Retain | None,
     ) -> None:
         sql = self.checkpoint_sql
         where = {"thread": row.thread, "ns": row.ns}
@@ -116,9 +115,12 @@ class SqlCheckpoints:
         params |= {"now": self.stamp(), "versions": row.versions, "kind": row.kind, "body": row.body}
 
         def work(tx: Tx) -> None:
+            _lock(tx, sql, row.thread)
             for channel, version, value in values:
                 tx(sql.PUT_VALUE, {**where, "channel": channel, "version": version, **_value(value)})
             tx(sql.PUT, params)
+            if retain is not None:
+                _retain(tx, sql, row.thread, retain)
 
         self._transaction(work)
 
@@ -171,21 +173,14 @@ class SqlCheckpoints:
 
         self._transaction(work)
 
-    def checkpoint_heads(self, thread: str) -> list[Head]:
-        return [
-            (str(ns), str(i), None if job is None else int(job), int(at))
-            for ns, i, job, at in self._read(self.checkpoint_sql.HEADS, {"thread": thread})
-        ]
+    def retain_checkpoints(self, thread: str, retain: Retain) -> int:
+        sql = self.checkpoint_sql
 
-    def unfinished_of(self, job_ids: Sequence[int]) -> set[int]:
-        if not job_ids:
-            return set()
-        return {int(i) for (i,) in self._read(self.checkpoint_sql.UNFINISHED, {"ids": list(job_ids)})}
+        def work(tx: Tx) -> int:
+            _lock(tx, sql, thread)
+            return _retain(tx, sql, thread, retain)
 
-    def drop_checkpoints(self, thread: str, ns: str, ids: Sequence[str]) -> int:
-        if not ids:
-            return 0
-        return self._transaction(lambda tx: _drop(tx, self.checkpoint_sql, thread, ns, list(ids)))
+        return self._transaction(work)
 
     def forget_threads(self, threads: Sequence[str]) -> None:
         if threads:
@@ -198,7 +193,8 @@ class SqlCheckpoints:
             found: dict[tuple[str, str], list[str]] = {}
             for thread, ns, checkpoint_id in tx(sql.OF_RUNS, {"runs": list(run_ids)}):
                 found.setdefault((str(thread), str(ns)), []).append(str(checkpoint_id))
-            for (thread, ns), ids in found.items():
+            for (thread, ns), ids in sorted(found.items()):  # (threads locked in one order)
+                _lock(tx, sql, thread)
                 _drop(tx, sql, thread, ns, ids)
 
         if run_ids:
@@ -226,11 +222,32 @@ def _checkpoint(row: Any) -> CheckpointRow:
     )
 
 
+def _lock(tx: Tx, sql: CheckpointStatements, thread: str) -> None:
+    """Writers of one thread, one after the other (PostgreSQL; a SQLite write holds the file):
+    a drop that read which values are still read must not miss a checkpoint put meanwhile."""
+    if sql.LOCK_THREAD:
+        tx(sql.LOCK_THREAD, {"thread": thread})
+
+
+def _retain(tx: Tx, sql: CheckpointStatements, thread: str, retain: Retain) -> int:
+    heads = [
+        (str(ns), str(i), None if job is None else int(job), int(at))
+        for ns, i, job, at in tx(sql.HEADS, {"thread": thread})
+    ]
+
+    def unfinished(job_ids: Sequence[int]) -> set[int]:
+        return {int(i) for (i,) in tx(sql.UNFINISHED, {"ids": list(job_ids)})} if job_ids else set()
+
+    return sum(_drop(tx, sql, thread, ns, ids) for ns, ids in retain(heads, unfinished).items() if ids)
+
+
 def _drop(tx: Tx, sql: CheckpointStatements, thread: str, ns: str, ids: list[str]) -> int:
-    """Checkpoints dropped with their writes, then every value that no checkpoint left reads."""
+    """Checkpoints dropped, then the writes of checkpoints gone (also those written late, after
+    their checkpoint was dropped: LangGraph writes on threads of its own), then every value
+    that no checkpoint left reads."""
     where = {"thread": thread, "ns": ns}
     dropped = len(tx(sql.DROP, {**where, "ids": ids}))
-    tx(sql.DROP_WRITES, {**where, "ids": ids})
+    tx(sql.DROP_WRITES, where)
     read: set[tuple[str, str]] = set()
     for (versions,) in tx(sql.KEPT_VERSIONS, where):
         read.update((str(c), str(v)) for c, v in json.loads(versions).items())

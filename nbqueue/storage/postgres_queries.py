@@ -579,4 +579,8 @@ SQL = build(
 )
 
 #: The LangGraph checkpoint statements (storage/checkpoints.py), in this dialect.
-CHECKPOINT_SQL = build_checkpoints(DIALECT)
+CHECKPOINT_SQL = build_checkpoints(
+    DIALECT,
+    # A transaction-scoped advisory lock per thread, under a key of nbqueue's own ("nbqc").
+    lock_thread=f"SELECT pg_advisory_xact_lock({0x6E627163}, hashtext(:thread::text))",
+)

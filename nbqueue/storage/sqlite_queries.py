@@ -572,4 +572,4 @@ SQL = build(
 )
 
 #: The LangGraph checkpoint statements (storage/checkpoints.py), in this dialect.
-CHECKPOINT_SQL = build_checkpoints(DIALECT)
+CHECKPOINT_SQL = build_checkpoints(DIALECT, lock_thread="")  # a write holds the whole file

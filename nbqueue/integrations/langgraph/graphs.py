@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
+from langgraph._internal._serde import collect_allowlist_from_schemas  # (pinned: nbqueue[langgraph])
 from langgraph.types import Command
 
 from ... import context, emit, step, tasks, wait_for
@@ -74,7 +75,7 @@ def graph_task(
             f"another graph (nodes {', '.join(known)}) already runs as {PREFIX + label!r}: "
             "give each graph a name (builder.compile(name=...) or graph_task(..., name=...))"
         )
-    saver = QueueSaver(queue, keep_last=keep_last, max_age=max_age, allowed=allowed)
+    saver = QueueSaver(queue, keep_last=keep_last, max_age=max_age, allowed=[*allowed, *_own_types(graph)])
     durable = graph.copy(update={"checkpointer": saver})
     modes = stream_mode if isinstance(stream_mode, str) else list(stream_mode)
 
@@ -132,6 +133,19 @@ def jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return jsonable(dataclasses.asdict(value))
     return str(value)
+
+
+def _own_types(graph: Pregel[Any, Any]) -> set[tuple[str, ...]]:
+    """The types a StateGraph's schemas name (its state's dataclasses and models): the graph's own,
+    which its checkpoints may build. (LangGraph collects them only in its strict mode.)"""
+    builder = getattr(graph, "builder", None)
+    if builder is None:
+        return set()
+    schemas = [builder.state_schema, builder.input_schema, builder.output_schema, builder.context_schema]
+    schemas += [node.input_schema for node in builder.nodes.values()]
+    return collect_allowlist_from_schemas(
+        schemas=[s for s in schemas if s is not None], channels=builder.channels
+    )
 
 
 def _newest(saver: QueueSaver, config: RunnableConfig) -> str | None:

@@ -29,7 +29,7 @@ from langgraph.checkpoint.base import (
 )
 
 from ... import context
-from ...errors import InvalidArgument
+from ...errors import InvalidArgument, StorageError
 from ...records import CheckpointRow, PendingWriteRow, StoredValue
 from .serde import SafeSerializer
 
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from ...queue import Queue
 
 STRATEGIES = ("keep_latest", "delete")
+READS = 5  # reads of a thread's newest checkpoint while writers drop the one just read
+DELTA = "counters_since_delta_snapshot"  # metadata of a thread that has a DeltaChannel
 EMPTY = StoredValue("empty", b"")  # a channel that has a version but no value (LangGraph's own mark)
 
 
@@ -100,8 +102,11 @@ class QueueSaver(BaseCheckpointSaver[str]):
         running = context.current()  # an unfinished job's newest checkpoint is kept (it resumes there)
         run_id = meta.get("run_id")
         job_id = running.job.id if running else None
-        self._room.put(row, stored, job_id, None if run_id is None else str(run_id))
-        self._room.retain(thread, self.keep_last, self.max_age_us)
+        # LangGraph rebuilds a DeltaChannel (beta) from older checkpoints' writes: such a thread
+        # is kept whole (its metadata counts the steps since each channel's last snapshot).
+        whole = DELTA in meta
+        keep_last, max_age_us = (None, None) if whole else (self.keep_last, self.max_age_us)
+        self._room.put(row, stored, job_id, None if run_id is None else str(run_id), keep_last, max_age_us)
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
 
     def put_writes(
@@ -131,8 +136,13 @@ class QueueSaver(BaseCheckpointSaver[str]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint the config names, or its thread's newest in its namespace."""
         thread, ns, _ = _where(config)
-        row = self._room.get(thread, ns, get_checkpoint_id(config))
-        return None if row is None else self._tuple(row)
+        checkpoint_id = get_checkpoint_id(config)
+        for _ in range(READS):
+            row = self._room.get(thread, ns, checkpoint_id)
+            found = None if row is None else self._tuple(row)
+            if found is not None or row is None or checkpoint_id is not None:
+                return found
+        raise StorageError(f"thread {thread!r} changed under {READS} reads of its newest checkpoint")
 
     def list(
         self,
@@ -157,6 +167,8 @@ class QueueSaver(BaseCheckpointSaver[str]):
             if left is not None and left <= 0:
                 return
             found = self._tuple(row)
+            if found is None:  # dropped while it was read
+                continue
             if filter and any(found.metadata.get(k) != v for k, v in filter.items()):
                 continue
             if left is not None:
@@ -186,7 +198,9 @@ class QueueSaver(BaseCheckpointSaver[str]):
             self._room.delete_threads([str(t) for t in thread_ids])
             return
         for thread in thread_ids:
-            self._room.retain(str(thread), 1, None)
+            newest = self.get_tuple({"configurable": {"thread_id": str(thread)}})
+            if newest is None or DELTA not in newest.metadata:  # (a DeltaChannel's is kept whole)
+                self._room.retain(str(thread), 1, None)
 
     # -- async: the same calls, on a thread ------------------------------------------
 
@@ -252,10 +266,16 @@ class QueueSaver(BaseCheckpointSaver[str]):
     def _load(self, value: StoredValue) -> Any:
         return self.serde.loads_typed((value.kind, value.data))
 
-    def _tuple(self, row: CheckpointRow) -> CheckpointTuple:
+    def _tuple(self, row: CheckpointRow) -> CheckpointTuple | None:
+        """The checkpoint with its values and writes; None if retention dropped it meanwhile.
+        (Its row, values and writes are three reads: a checkpoint whose values came back short
+        is looked for again, and one gone since is not returned without them.)"""
         body = self._load(StoredValue(row.kind, row.body))
         checkpoint = body["checkpoint"]
-        values = self._room.values(row.thread, row.ns, json.loads(row.versions))
+        versions = json.loads(row.versions)
+        values = self._room.values(row.thread, row.ns, versions)
+        if len(values) < len(versions) and self._room.get(row.thread, row.ns, row.id) is None:
+            return None
         checkpoint["channel_values"] = {
             channel: self._load(value) for channel, value in values.items() if value.kind != "empty"
         }

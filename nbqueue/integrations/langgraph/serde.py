@@ -5,8 +5,9 @@ a class, and by default imports and calls whatever a stored row names (it only w
 planted in the database would then run code on load. `SafeSerializer` refuses such a row
 with `UnsafeCheckpoint` before anything is built: only LangGraph's own list of safe types
 (datetimes, UUIDs, LangChain messages, LangGraph's Send, Command, Interrupt ...) and the
-types a saver was given (`allowed=`, or what a compiled graph asks for through
-`with_allowlist`) are built. Pickle is never read.
+types a saver was given are built: `allowed=`, the types a graph run by `graph_task` names in
+its schemas, and what LangGraph asks for through `with_allowlist` (in its strict mode only,
+LANGGRAPH_STRICT_MSGPACK=true). Pickle is never read.
 """
 
 from __future__ import annotations

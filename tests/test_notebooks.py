@@ -34,6 +34,7 @@ TUTORIALS = {
     "09-jobs-that-wait.ipynb",
     "10-streams.ipynb",
     "11-langgraph.ipynb",
+    "12-pydantic-ai.ipynb",
 }
 
 

@@ -728,3 +728,21 @@ def test_what_is_not_an_agent_or_not_json_is_refused(queue: Queue) -> None:
     with pytest.raises(nbqueue.InvalidArgument, match="message_history"):
         enqueue_agent(queue, agent, "hi", message_history=["not a message"])  # type: ignore[list-item]
     assert queue.jobs() == []  # nothing was enqueued
+
+
+def test_a_function_model_that_cannot_stream_runs_in_a_job_without_emitting(queue: Queue) -> None:
+    """A FunctionModel given no stream_function cannot make streamed requests: its run in a job
+    makes plain ones and emits nothing, rather than failing every attempt."""
+    agent = DurableAgent(
+        Agent(FunctionModel(lambda m, i: ModelResponse(parts=[TextPart("hi")])), name="plain")
+    )
+
+    @queue.task(name="pa.plain", max_retries=0)
+    def hello(prompt: str) -> str:
+        return agent.run_sync(prompt).output
+
+    job = hello.enqueue("x")
+    with queue.worker():
+        assert job.result(timeout=20) == "hi"
+    assert list(job.stream(follow=False)) == []
+    assert list(queue.steps(job)["step"]) == ["plain: model request 1"]

@@ -24,6 +24,7 @@ from pydantic_ai.capabilities import AgentCapability
 from pydantic_ai.durable_exec import BaseDurabilityCapability
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from pydantic_ai.models import Model
+from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.output import OutputDataT
 from pydantic_ai.tools import AgentDepsT
 from pydantic_core import to_jsonable_python
@@ -109,7 +110,12 @@ class DurableAgent(WrapperAgent[AgentDepsT, OutputDataT]):
     ) -> AsyncIterator[AgentRun[AgentDepsT, Any]]:
         """The agent's `iter`, with `NbqueueDurability` among the run's capabilities (every other way
         to run the agent goes through here)."""
-        durability = NbqueueDurability[AgentDepsT](name=self.step_name, **self._options)
+        model = options.get("model") or self.wrapped.model
+        # A FunctionModel given no stream_function cannot stream: its text is not emitted (the
+        # stream is made from streamed requests), rather than every attempt failing on it.
+        silent = isinstance(model, FunctionModel) and model.stream_function is None
+        settings = {**self._options, "emit": False} if silent else self._options
+        durability = NbqueueDurability[AgentDepsT](name=self.step_name, **settings)
         with unretryable_usage_errors():
             async with self.wrapped.iter(
                 user_prompt, capabilities=[*(capabilities or ()), durability], **options

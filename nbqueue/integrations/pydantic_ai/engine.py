@@ -325,8 +325,8 @@ class NbqueueDurability(BaseDurabilityCapability[AgentDepsT]):
 
 @contextmanager
 def unretryable_usage_errors() -> Iterator[None]:
-    """Inside a job, Pydantic AI's UserError (a usage mistake: a toolset given to one run only, a
-    model that cannot stream) makes the job dead at once: every retry would meet it again."""
+    """Inside a job, Pydantic AI's UserError (a usage mistake, such as a toolset given to one run
+    only) makes the job dead at once: every retry would meet it again."""
     try:
         yield
     except UserError as error:

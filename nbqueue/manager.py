@@ -149,22 +149,34 @@ class JobManager:
         """
         request = mine(request)
         self._limits_open_at = None  # set again only if this claim's limits hold every job back
+        if self._limits_matter(request.where):
+            taken = self._claim_limited(request, 1)
+            return taken[0] if taken else None
         for _ in range(BURY_RETRIES):
-            unfit: dict[int, str] = {}  # jobs whose limits cannot be weighed: taken to be buried
-            if self._limits_matter(request.where):
-                row = self.storage.claim_limited(request, functools.partial(self._choose, unfit=unfit))
-            else:
-                row = self.storage.claim(request)
+            row = self.storage.claim(request)
             if row is None:
                 return None
-            if row.id in unfit:
-                log.warning("%s: dead", unfit[row.id])
-                self.storage.bury(row.id, unfit[row.id])
-                continue
             job = self._decode_or_bury(row, request)
             if job is not None:
                 return job
         return None
+
+    def _claim_limited(self, request: ClaimRequest, most: int) -> list[Job]:
+        """Up to `most` jobs weighed under their limits in one transaction (a worker's batch);
+        the rows whose limits cannot be weighed are buried, and the claim tried again."""
+        self._limits_open_at = None  # set again only if this claim's limits hold every job back
+        for _ in range(BURY_RETRIES):
+            unfit: dict[int, str] = {}  # jobs whose limits cannot be weighed: taken to be buried
+            rows = self.storage.claim_limited(request, functools.partial(self._choose, unfit=unfit), most)
+            for row in rows:
+                if row.id in unfit:
+                    log.warning("%s: dead", unfit[row.id])
+                    self.storage.bury(row.id, unfit[row.id])
+            decoded = (self._decode_or_bury(row, request) for row in rows if row.id not in unfit)
+            jobs = [job for job in decoded if job is not None]
+            if jobs or not rows:
+                return jobs
+        return []
 
     def _limits_matter(self, where: Filter) -> bool:
         """Do jobs with limit keys wait where this claim looks? Asked at most every second (an
@@ -184,7 +196,7 @@ class JobManager:
         running: list[Row],
         now_us: int,
         unfit: dict[int, str],
-    ) -> tuple[int, dict[str, int]] | None:
+    ) -> tuple[int, dict[str, int], dict[str, int]] | None:
         """The first candidate, in claim order, that its limits let start now (storage.Decide).
 
         A candidate whose limits cannot be weighed (its limits column, or a key's stored row,
@@ -203,12 +215,12 @@ class JobManager:
         for job_id, wanted in heads:
             if not wanted:
                 self._limits_open_at = None
-                return job_id, {}
+                return job_id, {}, {}
             try:
                 asked = read_stored(wanted)
             except NbqueueError as exc:
                 unfit[job_id] = f"job {job_id}: its stored row cannot be read (its limits column: {exc})"
-                return job_id, {}
+                return job_id, {}, {}
             try:
                 for key in asked:
                     if key in broken:
@@ -221,10 +233,10 @@ class JobManager:
                     opening.append(limits.opens_at(asked, keys, now_us))
             except NbqueueError as exc:
                 unfit[job_id] = f"job {job_id} cannot start under its limits: {exc}"
-                return job_id, {}
+                return job_id, {}, {}
             if admission is not None:
                 self._limits_open_at = None
-                return job_id, admission.tats
+                return job_id, admission.tats, dict(asked)
         self._limits_open_at = min((at for at in opening if at is not None), default=None)
         return None
 
@@ -325,9 +337,8 @@ class JobManager:
                 job.lease_until, job.finished_at, job.updated_at = None, finished, finished
         if then_claim is None or not claims:
             return flags, []
-        if limited:  # claims weigh the limits one job at a time
-            taken = self.claim(then_claim)
-            return flags, [] if taken is None else [taken]
+        if limited:  # the claims weigh the limits job by job, in a transaction of their own
+            return flags, self._claim_limited(then_claim, claims)
         decoded = (self._decode_or_bury(row, then_claim) for row in rows)
         return flags, [claimed for claimed in decoded if claimed is not None]
 

@@ -36,7 +36,7 @@ def used_names() -> dict[str, set[str]]:
     """Every attribute of a Statements read in the storage code: `sql.SQL.X`, `self.sql.X`, `tx.sql.X`,
     or `sql.X` on a local named sql (what the shared verbs bind): {name: modules}."""
     found: dict[str, set[str]] = {}
-    for module in ("sql.py", "cascade.py", "waits.py", "sqlite.py", "postgres.py"):
+    for module in ("sql.py", "cascade.py", "waits.py", "limited.py", "sqlite.py", "postgres.py"):
         for node in ast.walk(ast.parse((STORAGE / module).read_text())):
             if isinstance(node, ast.Attribute) and node.attr.isupper():
                 owner = ast.unparse(node.value)
@@ -54,7 +54,7 @@ def test_both_dialects_define_every_statement_the_storage_runs_and_no_other() ->
             for one in text.values() if isinstance(text, dict) else [text]:
                 assert isinstance(one, str) and one.strip(), name
     # (a name used by a backend from its own query module is not a Statements field: skip those)
-    shared = {"sql.py", "cascade.py", "waits.py"}
+    shared = {"sql.py", "cascade.py", "waits.py", "limited.py"}
     shared_uses = {name for name, modules in used.items() if name in NAMES or modules & shared}
     missing = sorted(shared_uses - set(NAMES))
     assert not missing, f"run by the shared storage but not a statement of both dialects: {missing}"

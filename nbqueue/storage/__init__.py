@@ -119,12 +119,13 @@ class Filter:
 
 
 Decide = Callable[
-    [list[tuple[int, str | None]], list[Row], list[Row], int], "tuple[int, dict[str, int]] | None"
+    [list[tuple[int, str | None]], list[Row], list[Row], int],
+    "tuple[int, dict[str, int], dict[str, int]] | None",
 ]
 """Chooses a claim under limits: given the candidates (id, limits JSON) in claim order, the
-keys' stored states, the units running jobs hold and the time, the job to take and the keys'
-new TATs (or None). Decided above the storage (nbqueue.limits); the storage runs it inside
-the claim's transaction, with the keys locked."""
+keys' stored states, the units running jobs hold and the time, the job to take, the keys' new
+TATs and the units it holds of each key (or None). Decided above the storage (nbqueue.limits);
+the storage runs it inside the claim's transaction, with the keys locked."""
 
 
 class ClaimRequest(NamedTuple):
@@ -283,9 +284,10 @@ class Storage(CheckpointStorage, Protocol):
         """True when a claimable job the filter allows holds limit keys (claims must weigh limits)."""
         ...
 
-    def claim_limited(self, request: ClaimRequest, decide: Decide) -> JobRow | None:
-        """Claim under limits, in one transaction: read the candidates and the keys' states
-        (locked), let `decide` choose, take that job and store the keys' new TATs."""
+    def claim_limited(self, request: ClaimRequest, decide: Decide, most: int = 1) -> list[JobRow]:
+        """Claim up to `most` jobs under limits, in one transaction: for each, read the candidates
+        and the keys' states (locked) and the units running, let `decide` choose, take that job
+        and store the keys' new TATs; stop when `decide` takes none."""
         ...
 
     def define_limit(self, key: str, concurrency: int | None, rate: float | None, burst: float) -> None:

@@ -21,7 +21,6 @@ from typing import TypeVar
 from ..clock import Clock, system_clock, to_us
 from ..errors import StorageError
 from ..jobs import JobRow, State
-from ..options import held_keys
 from ..records import AttemptRow, LimitRow, Reached, RunRow, StepRow, Suspension, WaitRow, WaitSpec
 from ..search import Search
 from . import (
@@ -33,6 +32,7 @@ from . import (
     StepRecord,
     StoredSchedule,
     cascade,
+    limited,
     waits,
 )
 from .checkpoints import SqlCheckpoints
@@ -119,41 +119,18 @@ class SqlStorage(SqlCheckpoints):
         rows = self._change(statement, {**self._claim_params(request), "now": self.stamp()}, sql.CLAIMED)
         return JobRow._make(rows[0]) if rows else None
 
-    def claim_limited(self, request: ClaimRequest, decide: Decide) -> JobRow | None:
+    def claim_limited(self, request: ClaimRequest, decide: Decide, most: int = 1) -> list[JobRow]:
         if request.where.matches_nothing:
-            return None
+            return []
         sql = self.sql
         params = {**self._claim_params(request), "now": self.stamp()}
         statement = sql.HEADS_IN_ANY_QUEUE if request.where.queues is None else sql.HEADS_IN_QUEUES
 
-        def work(tx: Tx) -> JobRow | None:
-            found = tx(statement, params)
-            if not found:
-                return None
-            moment = int(found[0][0])
-            heads = [(int(i), held) for _, i, held in found]
-            keys = sorted({key for _, held in heads for key in held_keys(held)})
-            states: list[Row] = []
-            running: list[Row] = []
-            if keys:  # locked: claims weighing one key take turns; what runs is read after the lock
-                states = tx(sql.LOCK_KEYS, {"keys": keys})
-                running = tx(sql.IN_FLIGHT, {"keys": keys})
-            while heads:
-                choice = decide(heads, states, running, moment)
-                if choice is None:
-                    return None
-                chosen, tats = choice
-                taken = tx(sql.TAKE_ID, {**params, "chosen": chosen})
-                if taken:
-                    for key, tat in tats.items():
-                        tx(sql.SET_TAT, {"key": key, "tat": tat})
-                    return JobRow._make(taken[0])
-                heads = [head for head in heads if head[0] != chosen]  # another claim took it
-            return None
+        def work(tx: Tx) -> list[JobRow]:
+            return limited.take(tx, statement, params, decide, most)
 
-        def committed() -> JobRow | None:
-            rows = self._read(sql.CLAIMED, params)
-            return JobRow._make(rows[0]) if rows else None
+        def committed() -> list[JobRow] | None:
+            return [JobRow._make(row) for row in self._read(sql.CLAIMED, params)]
 
         return self._transaction(work, committed)
 

@@ -573,6 +573,17 @@ def stored_limits(value: Any) -> dict[str, int]:
     ValueError for anything else; nbqueue.options.read_stored checks the keys and units further)."""
     if value is None or value == "":
         return {}
+    if isinstance(value, str):  # the few texts a queue's jobs hold, read once each
+        return dict(_limits_text(value))
+    return _stored_limits(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _limits_text(value: str) -> tuple[tuple[str, int], ...]:
+    return tuple(_stored_limits(value).items())
+
+
+def _stored_limits(value: Any) -> dict[str, int]:
     found = json.loads(_required_text(value))
     if not isinstance(found, dict) or not all(
         isinstance(key, str) and isinstance(units, int) and not isinstance(units, bool) and units >= 1

@@ -7,6 +7,7 @@ into seconds) when it is made, so whatever reaches the storage has been checked.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -287,6 +288,17 @@ def stored(limits: Mapping[str, int]) -> str | None:
 def read_stored(text: object) -> dict[str, int]:
     """A job's limits read back as `stored` wrote them; InvalidArgument if the row holds anything
     else (text that is not JSON, a BLOB, units that enqueue would refuse)."""
+    if isinstance(text, str):  # the few texts a queue's jobs hold, read once each
+        return dict(_read_text(text))
+    return _read(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_text(text: str) -> tuple[tuple[str, int], ...]:
+    return tuple(_read(text).items())
+
+
+def _read(text: object) -> dict[str, int]:
     try:
         found = stored_limits(text)
     except (TypeError, ValueError, RecursionError) as exc:

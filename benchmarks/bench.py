@@ -12,6 +12,10 @@ process, or this one) takes to see an item. `--only streams` runs just those row
 LangGraph (benchmarks/langgraph_bench.py): QueueSaver on SQLite (all checkpoints, and keep_last=10)
 and PostgreSQL next to langgraph-checkpoint-sqlite's SqliteSaver on the same 1,000-step thread,
 puts/s, get_tuple/s and bytes stored as QueueSaver/SqliteSaver; `--only langgraph` runs just it.
+Agent-shaped work (issue 33; `--only agents`): jobs holding a limit key (concurrency 1000, a rate far
+above the drain), a fan-out/fan-in, wait_for + send + resume (one q.send each, send_many), each over a
+plain drain by the same worker in the same round; a workflow block and task.map over a loop of
+single enqueues; SQLite (--n jobs) with PostgreSQL (--pg-n jobs) beside, in interleaved rounds.
 `--json FILE` keeps every sample.
 """
 
@@ -91,6 +95,21 @@ def noop(n: int = 0) -> None:
     return None
 
 
+@contextmanager
+def fresh_queue(folder: Path, server: str | None = None, name: str = "nb") -> Iterator[nbqueue.Queue]:
+    """A fresh queue: a SQLite file in `folder` (server None), or a schema on the PostgreSQL
+    `server`, dropped afterwards."""
+    if server is None:
+        q = new_queue(folder, name)
+        try:
+            yield q
+        finally:
+            q.close()
+    else:
+        with pg_queue(server) as q:
+            yield q
+
+
 def fill(q: nbqueue.Queue, n: int, task: str | None = NOOP) -> list[int]:
     """n runnable jobs, written in big transactions (setup, not measured); their ids."""
     ids: list[int] = []
@@ -155,21 +174,19 @@ def drain(folder: Path, n: int, threads: int, synchronous: str = "normal") -> tu
     return nb, raw
 
 
-def drain_limited(folder: Path, n: int, **limit: Any) -> tuple[float, float]:
-    """nbqueue draining jobs that hold a limit key, next to the same drain without limits."""
-    plain = new_queue(folder)
-    fill(plain, n)
-    unlimited = rate(n, plain.worker(concurrency=1, lease=60).run_until_idle)
-    plain.close()
-    q = new_queue(folder)
-    q.limit("bench", **limit)
-    held = q.task(name="bench.limited", limits=["bench"])(noop)
-    for start in range(0, n, 500):
-        for _ in range(min(500, n - start)):
-            held.enqueue()
-    limited = rate(n, q.worker(concurrency=1, lease=60).run_until_idle)
-    assert q.counts()["completed"] == n
-    q.close()
+def drain_limited(folder: Path, n: int, server: str | None = None, **limit: Any) -> tuple[float, float]:
+    """nbqueue draining jobs that hold a limit key, next to the same drain without limits (one
+    worker thread each; on SQLite, or on the PostgreSQL `server`)."""
+    with fresh_queue(folder, server) as plain:
+        fill(plain, n)
+        unlimited = rate(n, plain.worker(concurrency=1, lease=60).run_until_idle)
+    with fresh_queue(folder, server) as q:
+        q.limit("bench", **limit)
+        held = q.task(name="bench.limited", limits=["bench"])(noop)
+        for start in range(0, n, 1000):  # written in big transactions (setup, not measured)
+            held.map(range(start, min(n, start + 1000)))
+        limited = rate(n, q.worker(concurrency=1, lease=60).run_until_idle)
+        assert q.counts()["completed"] == n
     return limited, unlimited
 
 
@@ -201,33 +218,33 @@ def claim_behind_held(folder: Path, held: int, claims: int = 200) -> tuple[float
     return behind, unheld
 
 
-def drain_graph(folder: Path, n: int) -> tuple[float, float]:
+def drain_graph(folder: Path, n: int, server: str | None = None) -> tuple[float, float]:
     """A fan-out/fan-in (one root, n children after it, one join after all of them) drained by one
     worker thread, next to the same number of independent jobs: what dependencies cost."""
-    plain = new_queue(folder)
-    fill(plain, n + 2)
-    independent = rate(n + 2, plain.worker(concurrency=1, lease=60).run_until_idle)
-    plain.close()
-    q = new_queue(folder)
-    step = q.task(name="bench.step")(noop)
-    with q.workflow("fan") as wf:  # written in one transaction, like fill's batches
-        root = step.enqueue()
-        children = [step.schedule(after=[root]) for _ in range(n)]
-        step.schedule(after=children)
-    graph = rate(n + 2, q.worker(concurrency=1, lease=60).run_until_idle)
-    assert q.counts()["completed"] == n + 2 == len(wf.jobs)
-    q.close()
+    with fresh_queue(folder, server) as plain:
+        fill(plain, n + 2)
+        independent = rate(n + 2, plain.worker(concurrency=1, lease=60).run_until_idle)
+    with fresh_queue(folder, server) as q:
+        step = q.task(name="bench.step")(noop)
+        with q.workflow("fan") as wf:  # written in one transaction, like fill's batches
+            root = step.enqueue()
+            children = [step.schedule(after=[root]) for _ in range(n)]
+            step.schedule(after=children)
+        graph = rate(n + 2, q.worker(concurrency=1, lease=60).run_until_idle)
+        assert q.counts()["completed"] == n + 2 == len(wf.jobs)
     return graph, independent
 
 
-def map_items(folder: Path, n: int) -> tuple[float, float]:
-    """task.map over n items (one transaction), next to a loop of n task.enqueue calls."""
-    q = new_queue(folder)
-    step = q.task(name="bench.map")(noop)
-    looped = rate(n, lambda: [step.enqueue(i) for i in range(n)])
-    mapped = rate(n, lambda: step.map(range(n)))
-    assert q.counts()["pending"] == 2 * n
-    q.close()
+def map_items(folder: Path, n: int, server: str | None = None, calls: int = 1) -> tuple[float, float]:
+    """task.map over n items (one transaction), next to a loop of n task.enqueue calls. With
+    `calls` > 1 the map is timed over that many calls of n items: one call of a few thousand items
+    lasts tens of ms, where a WAL checkpoint or a garbage collection landing in it moves its figure
+    by a third, while the loop spreads them over n commits."""
+    with fresh_queue(folder, server) as q:
+        step = q.task(name="bench.map")(noop)
+        looped = rate(n, lambda: [step.enqueue(i) for i in range(n)])
+        mapped = rate(calls * n, lambda: [step.map(range(n)) for _ in range(calls)])
+        assert q.counts()["pending"] == (1 + calls) * n
     return mapped, looped
 
 
@@ -247,6 +264,25 @@ def workflow_jobs(folder: Path, n: int) -> tuple[float, float]:
 
     written = rate(n, together)
     q.close()
+    return written, looped
+
+
+def workflow_block(folder: Path, n: int, server: str | None = None) -> tuple[float, float]:
+    """A workflow block of n jobs, every second one after the job before it (written in one
+    transaction), next to a loop of n single task.enqueue calls (one commit each)."""
+    with fresh_queue(folder, server) as q:
+        step = q.task(name="bench.block")(noop)
+        looped = rate(n, lambda: [step.enqueue(i) for i in range(n)])
+
+        def block() -> None:
+            with q.workflow("block"):
+                before = None
+                for i in range(n):
+                    before = step.schedule(args=(i,), after=[before]) if i % 2 else step.enqueue(i)
+
+        written = rate(n, block)
+        counts = q.counts()
+        assert counts["pending"] + counts["blocked"] == 2 * n, counts
     return written, looped
 
 
@@ -298,23 +334,13 @@ def plain_cycle(q: nbqueue.Queue, n: int) -> float:
     return per_s
 
 
-def wait_send_resume(folder: Path, n: int, chunk: int = 0) -> tuple[float, float]:
-    """(the wait cycle's jobs/s, a plain drain's jobs/s), on fresh SQLite files."""
-    plain = new_queue(folder)
-    drained = plain_cycle(plain, n)
-    plain.close()
-    q = new_queue(folder)
-    cycled = wait_cycle(q, n, chunk)
-    q.close()
-    return cycled, drained
-
-
-def postgres_wait_send_resume(server: str, n: int) -> tuple[float, float]:
-    """The same on PostgreSQL, in one worker thread in this process, each in a fresh schema."""
-    with pg_queue(server) as plain:
+def wait_send_resume(folder: Path, n: int, chunk: int = 0, server: str | None = None) -> tuple[float, float]:
+    """(the wait cycle's jobs/s, a plain drain's jobs/s), each on a fresh SQLite file, or in a
+    fresh schema on the PostgreSQL `server` (one worker thread in this process)."""
+    with fresh_queue(folder, server) as plain:
         drained = plain_cycle(plain, n)
-    with pg_queue(server) as q:
-        cycled = wait_cycle(q, n)
+    with fresh_queue(folder, server) as q:
+        cycled = wait_cycle(q, n, chunk)
     return cycled, drained
 
 
@@ -323,25 +349,11 @@ def postgres_wait_send_resume(server: str, n: int) -> tuple[float, float]:
 EMIT_N = 10_000
 
 
-@contextmanager
-def stream_queue(folder: Path, server: str | None) -> Iterator[nbqueue.Queue]:
-    """A fresh queue: a SQLite file in `folder`, or a schema on the PostgreSQL `server`."""
-    if server is None:
-        q = new_queue(folder, "streams")
-        try:
-            yield q
-        finally:
-            q.close()
-    else:
-        with pg_queue(server) as q:
-            yield q
-
-
 def emit_vs_get(folder: Path, server: str | None, n: int, enqueues: int) -> tuple[float, float, float]:
     """One job whose handler emits n small items, emits/s from the handler's start until the
     worker has recorded the job (every item written: the emitter flushes before the outcome);
     then, on the same queue, n q.get(job_id) reads and a loop of `enqueues` q.enqueue, each per second."""
-    with stream_queue(folder, server) as q:
+    with fresh_queue(folder, server, "streams") as q:
         began: list[float] = []
 
         @q.task(name="bench.emits")
@@ -410,7 +422,7 @@ def follower_lags(folder: Path, server: str | None, n: int, spacing: float, othe
     """A job emits n items `spacing` s apart, each carrying its emit time; a follower started
     before the job runs (in another process, or in a thread of this one) records, for each item,
     the seconds from its emit to the moment `job.stream()` yields it."""
-    with stream_queue(folder, server) as q:
+    with fresh_queue(folder, server, "streams") as q:
         job = q.task(name=TICKS)(ticks).enqueue(n, spacing)
         worker = q.worker(concurrency=1, lease=60)
         if other:
@@ -894,17 +906,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--n", type=int, default=3000, help="jobs per throughput run")
+    parser.add_argument(
+        "--pg-n", type=int, default=PG_AGENTS_N, help="jobs per agent-shaped run on PostgreSQL"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: check the script, not the figures")
     parser.add_argument("--json", type=Path, help="write every figure and sample here")
     parser.add_argument(
         "--only",
-        choices=["streams", "langgraph"],
+        choices=["streams", "langgraph", "agents"],
         help="run only these rows (on SQLite, then on PostgreSQL)",
     )
     args = parser.parse_args(argv)
     began = time.monotonic()
     big = 20_000 if args.quick else 1_000_000
     n, runs = (300, 1) if args.quick else (args.n, args.runs)
+    agents_pg_n = min(n, args.pg_n)
     report: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
@@ -918,6 +934,9 @@ def main(argv: list[str] | None = None) -> int:
             return finish(report, began, args.json)
         if args.only == "langgraph":
             langgraph_section(folder, runs, args.quick, report)
+            return finish(report, began, args.json)
+        if args.only == "agents":
+            agents_section(folder, n, agents_pg_n, runs, report)
             return finish(report, began, args.json)
         huey_sync = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[peers.huey_default_synchronous()]
         report["peers"] = {"versions": peers.versions(), "huey_default_synchronous": huey_sync}
@@ -1013,13 +1032,6 @@ def main(argv: list[str] | None = None) -> int:
                 ],
             ),
             (
-                "drain, key concurrency 1000",
-                "the same drain, no limits (the limit check's cost)",
-                0.0,
-                lambda: drain_limited(folder, n, concurrency=1000),
-                [],
-            ),
-            (
                 "claim, 3,000 held back",
                 "the same claims, nothing held back",
                 0.0,
@@ -1038,20 +1050,6 @@ def main(argv: list[str] | None = None) -> int:
                 "the same drain, no limits (capped at 1,000/s)",
                 0.0,
                 lambda: drain_limited(folder, n, rate="1000/s"),
-                [],
-            ),
-            (
-                "wait_for + send + resume",
-                "a plain drain, same worker (one q.send per job)",
-                0.4,
-                lambda: wait_send_resume(folder, n),
-                [],
-            ),
-            (
-                "  the same, send_many by 500",
-                "a plain drain, same worker",
-                0.0,
-                lambda: wait_send_resume(folder, n, chunk=500),
                 [],
             ),
         ]
@@ -1141,13 +1139,9 @@ def main(argv: list[str] | None = None) -> int:
                 fig = median_of(runs, measure, others) | {"versus": versus}
                 report["postgres"][name] = fig
                 print_case(name, fig, 0.0, versus)
-            wait_n = 200 if args.quick else 2_000
-            name, versus = "wait_for + send + resume", f"a plain drain, same worker, {wait_n:,} jobs"
-            fig = median_of(runs, lambda: postgres_wait_send_resume(PG_SERVER, wait_n))
-            report["postgres"][name] = fig | {"target": 0.4, "versus": versus}
-            print_case(name, fig, 0.4, versus + " (one q.send per job; 1 thread, in process)")
             stream_rows(folder, PG_SERVER, runs, args.quick, report["postgres"])
         langgraph_section(folder, runs, args.quick, report)
+        agents_section(folder, n, agents_pg_n, runs, report)
     return finish(report, began, args.json)
 
 
@@ -1185,6 +1179,114 @@ def langgraph_section(folder: Path, runs: int, quick: bool, report: dict[str, An
     )
     report["langgraph"] = {}
     langgraph_bench.langgraph_rows(folder, server, runs, quick, report["langgraph"])
+
+
+# -- agent-shaped work (issue 33): limits, graphs, waits and bulk writes ----------------------
+
+# PostgreSQL runs each shape on fewer jobs: a claim, a send or an enqueue there is a round trip.
+PG_AGENTS_N = 1_000
+# (name, goal, what it is set against, the measurement on a backend: server None is SQLite;
+# it returns (the shape's jobs/s, the baseline's jobs/s), both measured in the call).
+Shape = tuple[str, float, str, Callable[[str | None], tuple[float, float]]]
+
+
+def agent_shapes(folder: Path, n: int) -> list[Shape]:
+    """The issue's six shapes (the wait twice: one q.send per job, and send_many), each next to
+    its baseline measured in the same call: a plain drain of no-op jobs by the same kind of worker
+    (one thread), or a loop of single task.enqueue calls for the writes."""
+    drained, looped = "a plain drain, same worker", f"a loop of {n:,} task.enqueue"
+    return [
+        (
+            "key concurrency=1000",
+            0.8,
+            drained,
+            lambda server: drain_limited(folder, n, server, concurrency=1000),
+        ),
+        (
+            "key rate 1000000/s, burst 1000",
+            0.8,
+            drained,
+            lambda server: drain_limited(folder, n, server, rate="1000000/s", burst=1000),
+        ),
+        ("fan-out + fan-in", 0.9, f"{drained} (n + 2 jobs)", lambda server: drain_graph(folder, n, server)),
+        (
+            "wait_for + send + resume",
+            0.4,
+            f"{drained} (one q.send per job)",
+            lambda server: wait_send_resume(folder, n, server=server),
+        ),
+        (
+            "  the same, send_many by 500",
+            0.4,
+            drained,
+            lambda server: wait_send_resume(folder, n, 500, server),
+        ),
+        ("workflow block, half linked", 1.0, looped, lambda server: workflow_block(folder, n, server)),
+        (
+            "task.map",
+            3.0,
+            f"{looped} (map: 5 calls of {n:,})",
+            lambda server: map_items(folder, n, server, calls=5),
+        ),
+    ]
+
+
+def figure(samples: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    """Per-round (shape/s, baseline/s) samples: their medians and the median of the ratios."""
+    return {
+        "nbqueue_per_s": statistics.median(a for a, _ in samples),
+        "raw_per_s": statistics.median(b for _, b in samples),
+        "ratio": statistics.median(a / b for a, b in samples),
+        "samples": list(samples),
+    }
+
+
+AGENTS_HEADER = (
+    f"{'shape':<31} {'SQLite/s':>9} {'versus/s':>9} {'ratio':>6} {'PG/s':>8} {'versus/s':>9} "
+    f"{'ratio':>6} {'goal':>6}  met (SQLite, PG)  versus"
+)
+
+
+def agents_section(folder: Path, n: int, pg_n: int, runs: int, report: dict[str, Any]) -> None:
+    """The agent-shaped rows, SQLite (n jobs) with PostgreSQL (pg_n jobs, a fresh schema per
+    measurement) beside: `runs` rounds, each measuring every shape on SQLite, then on PostgreSQL,
+    then the median of each shape's ratios (its shape/s over its baseline/s within a round)."""
+    server = PG_SERVER if peers.server_reachable(PG_SERVER) else None
+    before = os.getloadavg()
+    load = " ".join(f"{x:.2f}" for x in before)
+    print(
+        f"\nagent-shaped work: {n:,} no-op jobs on SQLite, {pg_n:,} on PostgreSQL"
+        + ("" if server else " (server not reachable)")
+        + f"; {runs} interleaved rounds, medians; load average before: {load}"
+    )
+    backends: list[tuple[str, str | None, int]] = [("sqlite", None, n)]
+    if server:
+        backends.append(("postgres", server, pg_n))
+    shapes = {name: agent_shapes(folder, size) for name, _, size in backends}
+    samples: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for _ in range(runs):  # a round: every shape on SQLite, then every shape on PostgreSQL
+        for name, where, _ in backends:
+            for i, (*_, measure) in enumerate(shapes[name]):
+                samples.setdefault((name, i), []).append(measure(where))
+    out = report["agents"] = {"n": n, "pg_n": pg_n, "load_before": before}
+    print(AGENTS_HEADER)
+    for i, (shape, goal, versus, _) in enumerate(shapes["sqlite"]):
+        figs = {name: figure(samples[(name, i)]) for name, *_ in backends if (name, i) in samples}
+        out[shape] = figs | {"goal": goal, "versus": versus}
+        lite, pg = figs["sqlite"], figs.get("postgres")
+        pg_cells = (
+            f"{pg['nbqueue_per_s']:>8,.0f} {pg['raw_per_s']:>9,.0f} {pg['ratio']:>5.2f}x"
+            if pg
+            else f"{'-':>8} {'-':>9} {'-':>6}"
+        )
+        met = f"{mark(lite['ratio'], goal)}, {mark(pg['ratio'], goal) if pg else '-'}"
+        print(
+            f"{shape:<31} {lite['nbqueue_per_s']:>9,.0f} {lite['raw_per_s']:>9,.0f} {lite['ratio']:>5.2f}x "
+            f"{pg_cells} {goal:>5.1f}x  {met:<16}  {versus}",
+            flush=True,
+        )
+    out["load_after"] = os.getloadavg()
+    print("  load average after: " + " ".join(f"{x:.2f}" for x in out["load_after"]))
 
 
 if __name__ == "__main__":

@@ -421,6 +421,11 @@ COMPLETE_MANY_THEN_CLAIM_FROM_ANY_QUEUE = _complete_many_then_claim(EVERY_WAITIN
 HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
 HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
 # The job a claim under limits chose, if it is still claimable and no other claim holds it.
+NEXT_OF_GATE = (
+    f"SELECT id, limits FROM nbqueue_jobs WHERE {CLAIMABLE_SQL} AND queue = (SELECT queue FROM "
+    "nbqueue_jobs WHERE id = %(head)s) AND gate = (SELECT gate FROM nbqueue_jobs WHERE id = %(head)s) "
+    f"AND run_at <= %(moment)s AND {TASK_ALLOWED} ORDER BY {CLAIM_ORDER} LIMIT %(most)s"
+)
 TAKE_ID = f"WITH {CLOCK} " + _take(
     f"(SELECT id FROM nbqueue_jobs WHERE id = %(chosen)s AND {CLAIMABLE_SQL} FOR UPDATE SKIP LOCKED)"
 )
@@ -574,6 +579,7 @@ SQL = build(
         LOCK_KEYS=LOCK_KEYS,
         IN_FLIGHT=IN_FLIGHT,
         TAKE_ID=TAKE_ID,
+        NEXT_OF_GATE=NEXT_OF_GATE,
         EMIT=EMIT,
     ),
 )

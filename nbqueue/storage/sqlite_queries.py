@@ -434,6 +434,11 @@ CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
 HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
 HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
 TAKE_ID = f"{TAKE} WHERE id = :chosen AND {CLAIMABLE_SQL} {RETURNING_JOB}"
+NEXT_OF_GATE = (
+    f"SELECT id, limits FROM {CLAIM_INDEX} WHERE {CLAIMABLE_SQL} AND queue = (SELECT queue FROM "
+    "nbqueue_jobs WHERE id = :head) AND gate = (SELECT gate FROM nbqueue_jobs WHERE id = :head) "
+    f"AND run_at <= :moment AND {TASK_ALLOWED} ORDER BY {CLAIM_ORDER} LIMIT :most"
+)
 # A batch's further claims from one queue, when no other queue holds claimable jobs (two seeks
 # of the claim index tell): that queue's next jobs in claim order are the next ones overall.
 OTHER_QUEUE_WAITING = (
@@ -567,6 +572,7 @@ SQL = build(
         LOCK_KEYS=LOCK_KEYS,
         IN_FLIGHT=IN_FLIGHT,
         TAKE_ID=TAKE_ID,
+        NEXT_OF_GATE=NEXT_OF_GATE,
         EMIT=EMIT,
     ),
 )

@@ -117,6 +117,8 @@ class Written:
     LOCK_KEYS: str
     IN_FLIGHT: str
     TAKE_ID: str
+    # The next candidates of a head's (queue, set of keys), in claim order, due by :moment.
+    NEXT_OF_GATE: str
     EMIT: str  # a run's items into its stream (their list is bound each backend's way)
 
 

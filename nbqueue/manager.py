@@ -320,8 +320,12 @@ class JobManager:
         limited = then_claim is not None and self._limits_matter(then_claim.where)
         completions = [(job, c) for job, c in done if isinstance(c, Completion)]
         suspended = [s for _, s in done if isinstance(s, Suspension)]
+        unfit: dict[int, str] = {}  # jobs whose limits cannot be weighed: taken to be buried
+        decide = functools.partial(self._choose, unfit=unfit) if limited else None
+        if limited:
+            self._limits_open_at = None  # set again only if the limits hold every job back
         written, rows, now = self.storage.finish_batch(
-            [completion for _, completion in completions], None if limited else then_claim, claims, suspended
+            [completion for _, completion in completions], then_claim, claims, suspended, decide
         )
         completed, waits = iter(written[: len(completions)]), iter(written[len(completions) :])
         flags = [next(waits) if isinstance(c, Suspension) else next(completed) for _, c in done]
@@ -337,9 +341,11 @@ class JobManager:
                 job.lease_until, job.finished_at, job.updated_at = None, finished, finished
         if then_claim is None or not claims:
             return flags, []
-        if limited:  # the claims weigh the limits job by job, in a transaction of their own
-            return flags, self._claim_limited(then_claim, claims)
-        decoded = (self._decode_or_bury(row, then_claim) for row in rows)
+        for row in rows:
+            if row.id in unfit:
+                log.warning("%s: dead", unfit[row.id])
+                self.storage.bury(row.id, unfit[row.id])
+        decoded = (self._decode_or_bury(row, then_claim) for row in rows if row.id not in unfit)
         return flags, [claimed for claimed in decoded if claimed is not None]
 
     def fail(

@@ -330,11 +330,13 @@ class Storage(CheckpointStorage, Protocol):
         then_claim: ClaimRequest | None,
         claims: int,
         suspended: Sequence[Suspension] = (),
+        decide: Decide | None = None,
     ) -> tuple[list[bool], list[JobRow], int | None]:
         """Complete `done` and write the `suspended` runs' waits (each True, or False if its lease
         was lost: the completions' flags, then the suspensions'), then claim up to `claims` jobs
-        one by one in claim order (as that many claims would), in one transaction where the
-        backend can; and the time it stamped (None: the server's)."""
+        one by one in claim order (as that many claims would; under limits, weighed by `decide`
+        as `claim_limited` does), in one transaction where the backend can; and the time it
+        stamped (None: the server's)."""
         ...
 
     def fail(

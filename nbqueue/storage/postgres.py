@@ -35,7 +35,7 @@ from ..errors import (
 )
 from ..jobs import JobRow, State
 from ..records import Suspension
-from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order
+from . import ClaimRequest, Completion, Decide, Filter, Inserted, NewJob, Row, cascade, claim_order
 from . import postgres_queries as sql
 from .sql import SqlStorage
 from .statements import Params, Tx
@@ -329,11 +329,8 @@ class PostgresStorage(SqlStorage):
         committed: Callable[[], T | None] | None = None,
     ) -> T:
         """Run `work` (atomic: one statement, or a transaction); a dropped connection is re-made.
-
-        When the connection drops, the write may have committed with only its reply lost.
-        `committed` then reads back whether it did (its answer, or None), so that a write is
-        never done twice; without it, `work` must be safe to repeat (a read, a heartbeat).
-        """
+        A write may commit with only its reply lost: `committed` then reads back whether it did
+        (its answer, or None), so it is never done twice; else `work` must be safe to repeat."""
         depth = getattr(self._local, "depth", 0)
         self._local.depth = depth + 1  # a `committed` read-back runs inside: one connection
         try:
@@ -525,10 +522,17 @@ class PostgresStorage(SqlStorage):
         return self._finish_linked(sql.COMPLETE_LINKED, params, State.COMPLETED, sql.COMPLETED)
 
     def finish_batch(
-        self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int, suspended: Waits = ()
+        self,
+        done: Sequence[Completion],
+        then_claim: ClaimRequest | None,
+        claims: int,
+        suspended: Waits = (),
+        decide: Decide | None = None,
     ) -> tuple[list[bool], list[JobRow], int | None]:
         written = self.suspend(suspended)  # the runs that now wait: a transaction of their own
-        flags, taken, now = self._finish_batch(done, then_claim, claims)
+        flags, taken, now = self._finish_batch(done, None if decide else then_claim, claims)
+        if decide is not None and then_claim is not None:  # under limits: a transaction of their own
+            taken = self.claim_limited(then_claim, decide, claims)
         return flags + written, taken, now
 
     def _finish_batch(
@@ -545,12 +549,9 @@ class PostgresStorage(SqlStorage):
         # A batch in one statement: the successes of jobs without children and the next
         # claims, all under one token, so a lost reply reads back what it took and completed.
         params = {**each, **self._claim_params(then_claim), "claims": claims}
-        any_queue = then_claim.where.queues is None
-        statement = (
-            sql.COMPLETE_MANY_THEN_CLAIM_FROM_ANY_QUEUE
-            if any_queue
-            else sql.COMPLETE_MANY_THEN_CLAIM_FROM_QUEUES
-        )
+        statement = sql.COMPLETE_MANY_THEN_CLAIM_FROM_QUEUES
+        if then_claim.where.queues is None:
+            statement = sql.COMPLETE_MANY_THEN_CLAIM_FROM_ANY_QUEUE
 
         def work(cur: psycopg.Cursor[Any]) -> tuple[set[int], list[JobRow]]:
             cur.execute(statement, params)  # type: ignore[arg-type]
@@ -607,8 +608,7 @@ class PostgresStorage(SqlStorage):
         return self._run(work, transaction=True, committed=committed)
 
     def _deleted(self, statement: str, params: Params) -> int:
-        row = self._one(statement, self._bind(params))
-        return int(row[0]) if row else 0
+        return int(row[0]) if (row := self._one(statement, self._bind(params))) else 0
 
     def tidy(self) -> None:
         """Fold the appended count changes into the counts (workers call this now and then)."""

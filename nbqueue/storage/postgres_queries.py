@@ -420,12 +420,18 @@ COMPLETE_MANY_THEN_CLAIM_FROM_QUEUES = _complete_many_then_claim(NAMED_QUEUES)
 COMPLETE_MANY_THEN_CLAIM_FROM_ANY_QUEUE = _complete_many_then_claim(EVERY_WAITING_QUEUE)
 HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
 HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
-# The job a claim under limits chose, if it is still claimable and no other claim holds it.
+# The jobs a batched claim under limits chose, those still claimable and held by no other claim.
+TAKE_IDS = f"WITH {CLOCK} " + _take(
+    f"(SELECT id FROM nbqueue_jobs WHERE id = ANY(%(ids)s::bigint[]) AND {CLAIMABLE_SQL} "
+    "FOR UPDATE SKIP LOCKED)",
+    "IN",
+)
 NEXT_OF_GATE = (
     f"SELECT id, limits FROM nbqueue_jobs WHERE {CLAIMABLE_SQL} AND queue = (SELECT queue FROM "
     "nbqueue_jobs WHERE id = %(head)s) AND gate = (SELECT gate FROM nbqueue_jobs WHERE id = %(head)s) "
     f"AND run_at <= %(moment)s AND {TASK_ALLOWED} ORDER BY {CLAIM_ORDER} LIMIT %(most)s"
 )
+# The job a claim under limits chose, if it is still claimable and no other claim holds it.
 TAKE_ID = f"WITH {CLOCK} " + _take(
     f"(SELECT id FROM nbqueue_jobs WHERE id = %(chosen)s AND {CLAIMABLE_SQL} FOR UPDATE SKIP LOCKED)"
 )
@@ -580,6 +586,7 @@ SQL = build(
         IN_FLIGHT=IN_FLIGHT,
         TAKE_ID=TAKE_ID,
         NEXT_OF_GATE=NEXT_OF_GATE,
+        TAKE_IDS=TAKE_IDS,
         EMIT=EMIT,
     ),
 )

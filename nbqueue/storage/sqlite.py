@@ -38,7 +38,19 @@ from ..errors import (
 )
 from ..jobs import JobRow, State
 from ..records import Suspension
-from . import ClaimRequest, Completion, Filter, Inserted, NewJob, Row, cascade, claim_order, waits
+from . import (
+    ClaimRequest,
+    Completion,
+    Decide,
+    Filter,
+    Inserted,
+    NewJob,
+    Row,
+    cascade,
+    claim_order,
+    limited,
+    waits,
+)
 from . import sqlite_queries as sql
 from .sql import SqlStorage
 from .statements import NEW_COLUMNS, Params, Tx
@@ -381,6 +393,7 @@ class SQLiteStorage(SqlStorage):
         then_claim: ClaimRequest | None,
         claims: int,
         suspended: Sequence[Suspension] = (),
+        decide: Decide | None = None,
     ) -> tuple[list[bool], list[JobRow], int | None]:
         now = self.stamp()
         linked: list[int] = []
@@ -393,6 +406,9 @@ class SQLiteStorage(SqlStorage):
             if then_claim is None or not claims or then_claim.where.matches_nothing:
                 return flags, []
             where, params = then_claim.where, {**self._claim_params(then_claim), "now": now}
+            if decide is not None:  # under limits: each job weighed as its own claim would be
+                heads = sql.SQL.HEADS_IN_ANY_QUEUE if where.queues is None else sql.SQL.HEADS_IN_QUEUES
+                return flags, limited.take(_tx(conn), heads, params, decide, claims)
             first = _claim(conn, where, params)
             more = [] if first is None else _claim_more(conn, where, params, first, claims - 1)
             return flags, [] if first is None else [first, *more]

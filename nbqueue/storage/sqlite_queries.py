@@ -434,6 +434,7 @@ CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
 HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
 HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
 TAKE_ID = f"{TAKE} WHERE id = :chosen AND {CLAIMABLE_SQL} {RETURNING_JOB}"
+TAKE_IDS = f"{TAKE} WHERE id IN {IDS} AND {CLAIMABLE_SQL} {RETURNING_JOB}"
 NEXT_OF_GATE = (
     f"SELECT id, limits FROM {CLAIM_INDEX} WHERE {CLAIMABLE_SQL} AND queue = (SELECT queue FROM "
     "nbqueue_jobs WHERE id = :head) AND gate = (SELECT gate FROM nbqueue_jobs WHERE id = :head) "
@@ -573,6 +574,7 @@ SQL = build(
         IN_FLIGHT=IN_FLIGHT,
         TAKE_ID=TAKE_ID,
         NEXT_OF_GATE=NEXT_OF_GATE,
+        TAKE_IDS=TAKE_IDS,
         EMIT=EMIT,
     ),
 )

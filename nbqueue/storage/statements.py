@@ -117,8 +117,10 @@ class Written:
     LOCK_KEYS: str
     IN_FLIGHT: str
     TAKE_ID: str
-    # The next candidates of a head's (queue, set of keys), in claim order, due by :moment.
+    # The next candidates of a head's (queue, set of keys), in claim order, due by :moment; and
+    # the ones chosen of them, taken at once (those still claimable).
     NEXT_OF_GATE: str
+    TAKE_IDS: str
     EMIT: str  # a run's items into its stream (their list is bound each backend's way)
 
 

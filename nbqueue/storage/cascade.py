@@ -34,6 +34,7 @@ def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
         rows = tx(tx.sql.CHILDREN_BLOCKED, {"ids": sorted(outcomes)})
         waiting: dict[int, tuple[When, int]] = {}
         next_level: list[Finished] = []
+        released: dict[int, list[int]] = {}  # children let go, by the count they have left
         for parent, child, rule, left in rows:
             current = waiting.get(child, (When(rule or When.ALL_SUCCEEDED), int(left)))
             if current[1] < 0:  # decided already by an earlier parent in this level
@@ -44,7 +45,12 @@ def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
                 waiting[child] = (current[0], change.left)
                 continue
             waiting[child] = (current[0], -1)
+            if change.state is State.PENDING:
+                released.setdefault(change.left, []).append(child)
+                continue
             apply(tx, child, change, roots.get(change.root or 0, State.DEAD), now, next_level)
+        for left, children in released.items():  # one statement per count, not one per child
+            tx(tx.sql.UNBLOCK_MANY, {"ids": children, "left": left, "now": now})
         for child, (_, left) in waiting.items():
             if left >= 0:
                 tx(tx.sql.SET_LEFT, {"id": child, "left": left})

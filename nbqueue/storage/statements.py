@@ -201,6 +201,7 @@ class Statements(Written):
     CHILDREN_WAITING: str
     SET_LEFT: str
     UNBLOCK: str
+    UNBLOCK_MANY: str
     DOOM: str
     WAITS_FOR: str
     PARENTS_OF: str
@@ -560,6 +561,13 @@ def build(d: Dialect, w: Written) -> Statements:
             "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = CASE WHEN "
             f"status = 'waiting' OR run_at >= {NEVER_US} THEN {now} ELSE {d.greatest}(run_at, {now}) END, "
             f"updated_at = {now} WHERE id = :id AND {counting} RETURNING 1{d.wake}"
+        ),
+        # The children a level releases with the same count left, at once (a fan-out's thousands).
+        UNBLOCK_MANY=r(
+            "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = CASE WHEN "
+            f"status = 'waiting' OR run_at >= {NEVER_US} THEN {now} ELSE {d.greatest}(run_at, {now}) END, "
+            f"updated_at = {now} WHERE id IN [:ids::bigint] AND {d.unindexed.format(counting)} "
+            f"RETURNING 1{d.wake}"
         ),
         DOOM=r(
             "UPDATE nbqueue_jobs SET status = 'upstream_failed', parents_left = :left, root_cause = :root, "

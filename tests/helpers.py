@@ -153,3 +153,17 @@ def raw_rows(target: str, backend: str, sql: str) -> list[tuple[Any, ...]]:
 
     with psycopg.connect(server, options=f"-c search_path={schema}") as pg:
         return list(pg.execute(sql).fetchall())  # type: ignore[arg-type]
+
+
+def start_app_worker(target: str, app: Any, marks: Path, log: Path) -> subprocess.Popen[bytes]:
+    """`nbqueue worker TARGET --import <app>` with a short lease, in a new process: the app module
+    (tests/langgraph_app.py, tests/pydantic_ai_app.py) registers its task on the queue its
+    QUEUE_VAR names and marks what ran in the file its MARKS_VAR names."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    env[app.QUEUE_VAR] = target
+    env[app.MARKS_VAR] = str(marks)
+    command = [sys.executable, "-m", "nbqueue", "worker", target, "--import", app.__name__, "--lease", "2"]
+    with open(log, "a") as out:  # a file, not a pipe: a killed child's last words are kept
+        return subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=out)

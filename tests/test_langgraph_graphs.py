@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import os
 import signal
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import nbqueue
 from nbqueue import Queue
 from nbqueue.integrations.langgraph import QueueSaver, UnsafeCheckpoint, enqueue_graph, graph_task
 from tests import langgraph_app
-from tests.helpers import QUICK_RETRY, MakeQueue, raw_rows, wait_until
+from tests.helpers import QUICK_RETRY, MakeQueue, raw_rows, start_app_worker, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK: dict[str, Any] = {"idle_interval": 0.05}  # a worker that looks for due jobs often
@@ -320,17 +319,6 @@ def test_jobs_on_one_thread_see_the_state_the_earlier_ones_left(queue: Queue) ->
 # -- 6. a worker process killed mid-graph --------------------------------------------------------
 
 
-def start_cli_worker(target: str, marks: Path, log: Path) -> subprocess.Popen[bytes]:
-    """`nbqueue worker TARGET --import tests.langgraph_app` with a short lease, in a new process."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env[langgraph_app.QUEUE_VAR] = target
-    env[langgraph_app.MARKS_VAR] = str(marks)
-    command = [sys.executable, "-m", "nbqueue", "worker", target, "--import", "tests.langgraph_app"]
-    with open(log, "a") as out:  # a file, not a pipe: a killed child's last words are kept
-        return subprocess.Popen([*command, "--lease", "2"], cwd=ROOT, env=env, stdout=out, stderr=out)
-
-
 @pytest.mark.slow  # two worker processes start; one is killed
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
 def test_a_graph_whose_worker_is_killed_goes_on_in_a_new_worker(
@@ -339,13 +327,13 @@ def test_a_graph_whose_worker_is_killed_goes_on_in_a_new_worker(
     q = make_queue()
     marks, log = tmp_path / "marks", tmp_path / "workers.log"
     job = langgraph_app.register(q).enqueue({"trail": [], "total": 0})
-    first = start_cli_worker(queue_target, marks, log)
+    first = start_app_worker(queue_target, langgraph_app, marks, log)
     second = None
     try:
         assert first.wait(60) == -signal.SIGKILL, log.read_text()  # node n3 killed its process
         assert marks.read_text().splitlines() == ["n1", "n2", "n3"]
         assert status(q, job) == "running"  # its lease is held by a dead worker
-        second = start_cli_worker(queue_target, marks, log)
+        second = start_app_worker(queue_target, langgraph_app, marks, log)
         done = q.wait([job], timeout=60, progress=False)[0]
     finally:
         for proc in (first, second):

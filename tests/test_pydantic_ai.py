@@ -12,7 +12,6 @@ PostgreSQL server.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import subprocess
@@ -51,7 +50,7 @@ import nbqueue
 from nbqueue import Queue
 from nbqueue.integrations.pydantic_ai import DurableAgent, NbqueueDurability, agent_task, enqueue_agent
 from tests import pydantic_ai_app
-from tests.helpers import QUICK_RETRY, MakeQueue, wait_until
+from tests.helpers import QUICK_RETRY, MakeQueue, start_app_worker, wait_until
 from tests.pydantic_ai_app import requests_so_far, streaming
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,17 +246,6 @@ def test_runs_side_by_side_in_one_job_each_get_their_own_steps_back(queue: Queue
 # -- b. a worker process killed mid-run ------------------------------------------------------------
 
 
-def start_cli_worker(target: str, marks: Path, log: Path) -> subprocess.Popen[bytes]:
-    """`nbqueue worker TARGET --import tests.pydantic_ai_app` with a short lease, in a new process."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env[pydantic_ai_app.QUEUE_VAR] = target
-    env[pydantic_ai_app.MARKS_VAR] = str(marks)
-    command = [sys.executable, "-m", "nbqueue", "worker", target, "--import", "tests.pydantic_ai_app"]
-    with open(log, "a") as out:  # a file, not a pipe: a killed child's last words are kept
-        return subprocess.Popen([*command, "--lease", "2"], cwd=ROOT, env=env, stdout=out, stderr=out)
-
-
 @pytest.mark.slow  # two worker processes start; one is killed
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
 def test_an_agent_whose_worker_is_killed_goes_on_in_a_new_worker(
@@ -267,13 +255,13 @@ def test_an_agent_whose_worker_is_killed_goes_on_in_a_new_worker(
     marks, log = tmp_path / "marks", tmp_path / "workers.log"
     job = pydantic_ai_app.register(q).enqueue("Weather in Paris?")
     assert job.task == "pydantic_ai.forecaster"
-    first = start_cli_worker(queue_target, marks, log)
+    first = start_app_worker(queue_target, pydantic_ai_app, marks, log)
     second = None
     try:
         assert first.wait(60) == -signal.SIGKILL, log.read_text()  # model request 2 killed its process
         assert marks.read_text().splitlines() == ["model 1", "tool get_weather", "model 2"]
         assert status(q, job) == "running"  # its lease is held by a dead worker
-        second = start_cli_worker(queue_target, marks, log)
+        second = start_app_worker(queue_target, pydantic_ai_app, marks, log)
         done = q.wait([job], timeout=60, progress=False)[0]
     finally:
         for proc in (first, second):

@@ -167,3 +167,28 @@ def start_app_worker(target: str, app: Any, marks: Path, log: Path) -> subproces
     command = [sys.executable, "-m", "nbqueue", "worker", target, "--import", app.__name__, "--lease", "2"]
     with open(log, "a") as out:  # a file, not a pipe: a killed child's last words are kept
         return subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=out)
+
+
+def killed_then_finished(
+    q: Queue, job: Any, target: str, app: Any, marks: Path, log: Path, before_kill: list[str]
+) -> Any:
+    """Run `job` in a worker process that kills itself mid-job (the app's code sends SIGKILL once,
+    after marking `before_kill`), then in a second one that recovers and finishes it; the job as it
+    ended. Both processes are stopped whatever happens."""
+    first = start_app_worker(target, app, marks, log)
+    second = None
+    try:
+        assert first.wait(60) == -signal.SIGKILL, log.read_text()
+        assert marks.read_text().splitlines() == before_kill
+        assert q.get(job.id).status == "running"  # its lease is held by a dead worker
+        second = start_app_worker(target, app, marks, log)
+        return q.wait([job], timeout=60, progress=False)[0]
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import signal
-import subprocess
 import sys
 import threading
 from collections import Counter
@@ -33,7 +31,7 @@ import nbqueue
 from nbqueue import Queue
 from nbqueue.integrations.langgraph import QueueSaver, UnsafeCheckpoint, enqueue_graph, graph_task
 from tests import langgraph_app
-from tests.helpers import QUICK_RETRY, MakeQueue, raw_rows, start_app_worker, wait_until
+from tests.helpers import QUICK_RETRY, MakeQueue, killed_then_finished, raw_rows, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK: dict[str, Any] = {"idle_interval": 0.05}  # a worker that looks for due jobs often
@@ -327,23 +325,8 @@ def test_a_graph_whose_worker_is_killed_goes_on_in_a_new_worker(
     q = make_queue()
     marks, log = tmp_path / "marks", tmp_path / "workers.log"
     job = langgraph_app.register(q).enqueue({"trail": [], "total": 0})
-    first = start_app_worker(queue_target, langgraph_app, marks, log)
-    second = None
-    try:
-        assert first.wait(60) == -signal.SIGKILL, log.read_text()  # node n3 killed its process
-        assert marks.read_text().splitlines() == ["n1", "n2", "n3"]
-        assert status(q, job) == "running"  # its lease is held by a dead worker
-        second = start_app_worker(queue_target, langgraph_app, marks, log)
-        done = q.wait([job], timeout=60, progress=False)[0]
-    finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    # (node n3 killed its process, after those before it; a second worker recovers the job)
+    done = killed_then_finished(q, job, queue_target, langgraph_app, marks, log, ["n1", "n2", "n3"])
     assert done.status == "completed", log.read_text()
     assert done.value == {"trail": ["n1", "n2", "n3", "n4"], "total": 1111}
     assert Counter(marks.read_text().splitlines()) == Counter({"n1": 1, "n2": 1, "n3": 2, "n4": 1})

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
-import subprocess
 import sys
 from collections import Counter
 from datetime import timedelta
@@ -50,7 +48,7 @@ import nbqueue
 from nbqueue import Queue
 from nbqueue.integrations.pydantic_ai import DurableAgent, NbqueueDurability, agent_task, enqueue_agent
 from tests import pydantic_ai_app
-from tests.helpers import QUICK_RETRY, MakeQueue, start_app_worker, wait_until
+from tests.helpers import QUICK_RETRY, MakeQueue, killed_then_finished, wait_until
 from tests.pydantic_ai_app import requests_so_far, streaming
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,23 +253,10 @@ def test_an_agent_whose_worker_is_killed_goes_on_in_a_new_worker(
     marks, log = tmp_path / "marks", tmp_path / "workers.log"
     job = pydantic_ai_app.register(q).enqueue("Weather in Paris?")
     assert job.task == "pydantic_ai.forecaster"
-    first = start_app_worker(queue_target, pydantic_ai_app, marks, log)
-    second = None
-    try:
-        assert first.wait(60) == -signal.SIGKILL, log.read_text()  # model request 2 killed its process
-        assert marks.read_text().splitlines() == ["model 1", "tool get_weather", "model 2"]
-        assert status(q, job) == "running"  # its lease is held by a dead worker
-        second = start_app_worker(queue_target, pydantic_ai_app, marks, log)
-        done = q.wait([job], timeout=60, progress=False)[0]
-    finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    # (model request 2 killed its process, after those before it; a second worker recovers the job)
+    done = killed_then_finished(
+        q, job, queue_target, pydantic_ai_app, marks, log, ["model 1", "tool get_weather", "model 2"]
+    )
     assert done.status == "completed", log.read_text()
     assert done.value == "It is sunny in Paris."
     # Nothing that finished ran again: only the request the kill interrupted.

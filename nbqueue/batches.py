@@ -17,6 +17,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from .errors import NbqueueError
+from .inbox import Peek
 
 if TYPE_CHECKING:
     from .jobs import Job
@@ -43,6 +44,7 @@ class Batch:
         self.done: list[tuple[Job, Any]] = []  # each with its Completion (JobManager.completion)
         self._since: float | None = None  # when the oldest waiting job or success began to wait
         self._loaded = (0.0, 0)  # when the last claim came back, and with how many jobs
+        self.peek: Peek | None = None  # the waits of the jobs claimed last, read when one needs them
 
     def next_job(self) -> Job | None:
         """The next claimed job to run, or None when the batch is used up."""
@@ -74,6 +76,7 @@ class Batch:
         if not jobs:  # idle: whatever comes next is taken one at a time until it proves quick
             self.size = 1
         self._loaded = (now, len(jobs))
+        self.peek = Peek([job.id for job in jobs]) if len(jobs) > 1 else None
         self.waiting.extend(jobs)
         if len(jobs) > 1 and self._since is None:
             self._since = now

@@ -83,6 +83,7 @@ class StepBook:
         self._load, self._record = load, record
         self._values: dict[str, str] | None = None
         self._lock = threading.Lock()
+        self.written: set[str] = set()  # names of the values recorded in this run
 
     def recorded(self) -> dict[str, str]:
         """Every value recorded so far: name -> JSON text (read once)."""
@@ -104,6 +105,7 @@ class StepBook:
         stored = self._record(name, text, error, started_us)
         if stored is not None:
             with self._lock:
+                self.written.add(name)
                 if self._values is not None:
                     self._values[name] = stored
         return stored

@@ -12,8 +12,9 @@ import functools
 import getpass
 import json
 import os
+import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import payload as payload_json
 from .errors import InvalidArgument
@@ -22,6 +23,10 @@ from .options import check_id
 from .records import Reached, Suspension, WaitRow, WaitSpec
 from .steps import check_name
 from .storage import Storage, waits
+from .storage.statements import Row
+
+if TYPE_CHECKING:
+    from .context import StepBook
 
 WAKE_BATCH = 500  # waiting jobs moved to pending per transaction
 
@@ -43,21 +48,33 @@ class Inbox:
         self.storage = storage
         self._get_many = get_many
 
-    def reach(self, job: Job, wait: WaitSpec) -> Reached:
-        """Reach `wait` under `job`'s claim. Read first: a value recorded or sent is returned,
-        and a wait with nothing to return says "suspend" (its worker writes that with its
-        batch, as it writes successes); only what must be written now (a value dropped, an
-        expiry, a value sent ahead) opens a transaction here. A jobs wait whose jobs are done
-        gets their (status, result, error) rows, as JSON, for `wait_for_jobs`."""
+    def reach(
+        self, job: Job, wait: WaitSpec, peek: Peek | None = None, steps: StepBook | None = None
+    ) -> Reached:
+        """Reach `wait` under `job`'s claim. Read first (from `peek`, the rows of the jobs
+        claimed with it, if given): a value recorded or sent is returned, and a wait with nothing
+        to return says "suspend" (its worker writes that with its batch, as it writes
+        successes); only what must be written now (a value dropped, an expiry, a value sent
+        ahead) opens a transaction here. A jobs wait whose jobs are done gets their (status,
+        result, error) rows, as JSON, for `wait_for_jobs`. `steps`: the run's step book (a step
+        it recorded may not share the wait's name)."""
         if wait.kind != "jobs":
-            found, stepped = self.storage.peek_wait(job.id, wait.name)
-            if stepped:
+            rows = None if peek is None else peek.rows(self.storage, job.id)
+            named = [
+                r[2:]
+                for r in (self.storage.peek_waits([job.id]) if rows is None else rows)
+                if r[1] == wait.name
+            ]
+            found = [r for r in named if r[0] != "step"]
+            if len(found) < len(named) or (steps is not None and wait.name in steps.written):
                 raise InvalidArgument(
                     f"job {job.id} has a step named {wait.name!r}: a wait needs a name of its own"
                 )
-            reached = waits.decide(found, wait, self.storage.now_us())
-            if reached.outcome == "suspend" or (reached.outcome == "value" and found and found[0]):
+            reached = waits.decide(found[0] if found else None, wait, self.storage.now_us())
+            if reached.outcome == "suspend" or (reached.outcome == "value" and found and found[0][0]):
                 return reached
+        if peek is not None:  # what it writes now makes its rows as read before out of date
+            peek.forget(job.id)
         reached = self.storage.reach_wait(job.id, job.attempts, wait)
         if reached.outcome != "done":
             return reached
@@ -75,7 +92,7 @@ class Inbox:
         ids = sorted({check_id(j.id if isinstance(j, Job) else j) for j in jobs})
         if not ids:
             return []
-        return self.storage.send([(i, name, text) for i in ids], by or sender())
+        return self.storage.send(ids, name, text, by or sender())
 
     def suspend(self, suspensions: Sequence[Suspension]) -> list[bool]:
         """Write runs' suspensions (not in a worker's batch: an async job's) in one transaction."""
@@ -103,6 +120,38 @@ class Inbox:
             self.wake_due()
             return 0.0
         return (wakes - now) / 1e6
+
+
+class Peek:
+    """The waits and steps of jobs claimed together, read once for all of them when the first
+    reaches a wait: one read per batch where each job read its own. What was read stays right
+    while the claims live, but for what a job writes itself (its steps: StepBook.written; a
+    wait written in its own transaction: the job reads afresh after) and values sent since: a
+    wait that saw none suspends, and its suspension, written with the batch, finds the value
+    and makes the job pending again at once."""
+
+    def __init__(self, job_ids: Sequence[int]) -> None:
+        self.job_ids = list(job_ids)
+        self._fresh = set(self.job_ids)  # the jobs whose rows as read are still right
+        self._rows: dict[int, list[Row]] | None = None
+        self._lock = threading.Lock()
+
+    def rows(self, storage: Storage, job_id: int) -> list[Row] | None:
+        """The rows of `job_id` (storage.peek_waits), read for the whole group on first use;
+        None once they may be out of date (read afresh)."""
+        with self._lock:
+            if job_id not in self._fresh:
+                return None
+            if self._rows is None:
+                self._rows = {}
+                for row in storage.peek_waits(self.job_ids):
+                    self._rows.setdefault(int(row[0]), []).append(row)
+            return self._rows.get(job_id, [])
+
+    def forget(self, job_id: int) -> None:
+        """The job writes its waits: its rows as read no longer count."""
+        with self._lock:
+            self._fresh.discard(job_id)
 
 
 def open_wait(rows: Sequence[WaitRow]) -> WaitRow | None:

@@ -32,7 +32,7 @@ from .errors import (
     LeaseLost,
     NbqueueError,
 )
-from .inbox import Inbox, describe, open_wait
+from .inbox import Inbox, Peek, describe, open_wait
 from .intake import Intake
 from .jobs import (
     UNFINISHED,
@@ -414,16 +414,17 @@ class JobManager:
         """Failed attempts (failed, dead, timeout, lost) of each of these jobs that has any."""
         return self.storage.failures(list(job_ids)) if job_ids else {}
 
-    def context_for(self, job: Job) -> JobContext:
-        """What a claimed job reaches while it runs (progress, cancelled, steps, files), each
-        through this claim."""
+    def context_for(self, job: Job, peek: Peek | None = None) -> JobContext:
+        """What a claimed job reaches while it runs (progress, cancelled, steps, files, waits),
+        each through this claim; `peek`: the waits of the jobs claimed with it, read once."""
+        steps = self.journal.step_book(job)
         return JobContext(
             job,
             functools.partial(self.record_progress, job),
             still_claimed=lambda: not self.lifeline.lost_claims([job]),
-            steps=self.journal.step_book(job),
+            steps=steps,
             save_file=functools.partial(self.journal.save_file, job),
-            reach=functools.partial(self.inbox.reach, job),
+            reach=functools.partial(self.inbox.reach, job, peek=peek, steps=steps),
             emitter=self.journal.emitter(job, registry.stream_bytes(job.task)),
         )
 

@@ -506,7 +506,7 @@ class Worker:
     def _execute(self, job: Job, batch: Batch) -> None:
         """Run one job and record its outcome (a success goes into the batch, to be written with
         the next claim)."""
-        context = self.manager.context_for(job)
+        context = self.manager.context_for(job, batch.peek)
         flight = Flight(job, time.monotonic(), context)
         self.flights.add(flight)
         if job.timeout is not None and self.mode == "thread":

@@ -818,6 +818,88 @@ def test_send_many_answers_many_in_one_call(queue: Queue) -> None:
     assert {queue.waits(j)[0].sent_by for j in jobs} == {"bot"}
 
 
+def test_send_many_wakes_only_the_jobs_waiting_for_that_name(queue: Queue) -> None:
+    runs: Counter[str] = Counter()
+
+    @queue.task(name="w.named")
+    def ask(name: str) -> Any:
+        runs[name] += 1
+        return nbqueue.wait_for(name) if name == "x" else [nbqueue.wait_for(name), nbqueue.wait_for("x")]
+
+    on_x, on_y = ask.enqueue("x"), ask.enqueue("y")
+    with queue.worker(**QUICK):
+        wait_until(lambda: queue.counts()["waiting"] == 2, 10, "both waiting")
+        later = ask.enqueue("x")  # pending (or just claimed): the value is kept for its wait
+        assert queue.send_many([later, on_y, on_x], "x", 7) in (1, 2)
+        assert on_x.result(timeout=10) == 7 and later.result(timeout=10) == 7
+        assert status(queue, on_y) == "waiting" and open_wait_name(queue, on_y) == "y"  # not woken
+        assert queue.send(on_y, "y", 8) is True
+        assert on_y.result(timeout=10) == [8, 7]  # the value sent ahead under "x" was kept
+    assert runs["y"] == 2  # suspended once, woken once: by its own wait's value, not by "x"
+
+
+# -- jobs claimed together: their waits read once, written together --------------------------------
+
+
+def test_a_value_sent_to_a_job_claimed_in_the_same_batch_after_its_waits_were_read_is_not_lost(
+    queue: Queue,
+) -> None:
+    """A relay: each job sends the baton to the next while the next is claimed in the same batch,
+    often after the batch's waits were read. A job that read no value suspends, and the
+    suspension, finding the value, makes it pending again: every job gets its baton."""
+    ids: list[int] = []
+
+    @queue.task(name="w.relay")
+    def relay(n: int) -> int:
+        got = 0 if n == 0 else nbqueue.wait_for("baton")
+        if n + 1 < len(ids):
+            queue.send(ids[n + 1], "baton", n + 1)
+        return int(got)
+
+    ids.extend(job.id for job in relay.map(range(60)))
+    with queue.worker(concurrency=1, **QUICK):
+        done = queue.wait(ids, timeout=30, progress=False)
+    assert [j.value for j in done] == list(range(60))
+    assert queue.counts()["waiting"] == 0
+
+
+def test_jobs_claimed_together_record_each_their_own_wait(queue: Queue) -> None:
+    """Sixty jobs claimed in batches reach waits of three names, half with a deadline: each row
+    is its job's (prompt, deadline), and each job resumes with its own value."""
+
+    @queue.task(name="w.mixed")
+    def ask(n: int) -> Any:
+        timeout = timedelta(days=1) if n % 2 else None
+        return [n, nbqueue.wait_for(f"q{n % 3}", timeout=timeout, prompt=f"job {n}?")]
+
+    jobs = ask.map(range(60))
+    with queue.worker(concurrency=1, **QUICK) as worker:
+        worker.run_until_idle()
+        assert queue.counts()["waiting"] == 60
+        for n, job in enumerate(jobs):
+            [row] = queue.waits(job)
+            assert (row.name, row.kind, row.prompt) == (f"q{n % 3}", "event", f"job {n}?")
+            assert (row.deadline is not None) == bool(n % 2)
+        for n, job in enumerate(jobs):
+            assert queue.send(job, f"q{n % 3}", n * 2) is True
+        done = queue.wait(jobs, timeout=20, progress=False)
+    assert [j.value for j in done] == [[n, n * 2] for n in range(60)]
+
+
+def test_a_wait_named_like_a_step_of_the_same_run_is_refused_in_a_batch(queue: Queue) -> None:
+    @queue.task(name="w.clash_batch", max_retries=0)
+    def clash(n: int) -> Any:
+        nbqueue.step("fetch", lambda: n)
+        return nbqueue.wait_for("fetch")
+
+    jobs = clash.map(range(30))
+    with queue.worker(concurrency=1, **QUICK) as worker:
+        worker.run_until_idle()
+    for job in jobs:
+        found = queue.get(job.id)
+        assert found.status == "dead" and "a wait needs a name of its own" in (found.error or "")
+
+
 def test_outside_a_job_the_waits_are_plain_or_refused() -> None:
     with pytest.raises(nbqueue.NbqueueError, match="inside a job"):
         nbqueue.wait_for("x")

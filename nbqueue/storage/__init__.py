@@ -207,9 +207,9 @@ class Storage(CheckpointStorage, Protocol):
         """Each job's newest item (JSON text), for the jobs that emitted any."""
         ...
 
-    def peek_wait(self, job_id: int, name: str) -> tuple[Row | None, bool]:
-        """A wait's row as stored now (kind, choices, deadline, value, expired_at; None if none),
-        and whether the job has a step of that name: read, not written."""
+    def peek_waits(self, job_ids: Sequence[int]) -> list[Row]:
+        """The waits these jobs reached or were sent (job_id, name, kind, choices, deadline,
+        value, expired_at) and their steps (job_id, name, "step", NULL...): read, not written."""
         ...
 
     def suspend(self, suspensions: Sequence[Suspension]) -> list[bool]:
@@ -221,10 +221,11 @@ class Storage(CheckpointStorage, Protocol):
         suspended (running -> waiting, lease released). LeaseLost if the claim is gone."""
         ...
 
-    def send(self, sends: Sequence[tuple[int, str, str]], by: str) -> list[bool]:
-        """Record each (job id, name, JSON value) in one transaction, waking the jobs that wait
-        for it (True for each woken). JobNotFound, InvalidTransition (a finished job) or
-        InvalidArgument (sent already, expired, outside its choices) write nothing."""
+    def send(self, job_ids: Sequence[int], name: str, value: str, by: str) -> list[bool]:
+        """Record `value` (JSON) under `name` for each job (ascending ids) in one transaction,
+        waking the jobs that wait for it (True for each woken). JobNotFound, InvalidTransition
+        (a finished job) or InvalidArgument (sent already, expired, outside its choices) write
+        nothing."""
         ...
 
     def wake_due(self, limit: int) -> list[int]:

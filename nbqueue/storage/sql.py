@@ -212,10 +212,10 @@ class SqlStorage(SqlCheckpoints):
 
     # -- jobs that wait (storage/waits.py) ------------------------------------------
 
-    def peek_wait(self, job_id: int, name: str) -> tuple[Row | None, bool]:
-        rows = self._read(self.sql.PEEK_WAIT, {"id": job_id, "name": name})
-        found = [r for r in rows if r[0] != "step"]
-        return (found[0] if found else None), len(found) < len(rows)
+    def peek_waits(self, job_ids: Sequence[int]) -> list[Row]:
+        if not job_ids:
+            return []
+        return self._read(self.sql.PEEK_WAITS, {"ids": list(job_ids)})
 
     def suspend(self, suspensions: Sequence[Suspension]) -> list[bool]:
         if not suspensions:
@@ -233,9 +233,9 @@ class SqlStorage(SqlCheckpoints):
             self._wake_here()  # a value sent meanwhile, or a failed job's blocked children
         return reached
 
-    def send(self, sends: Sequence[tuple[int, str, str]], by: str) -> list[bool]:
-        stamp = self.stamp()
-        woken = self._transaction(lambda tx: waits.send(tx, sends, self._text(by) or "", stamp))
+    def send(self, job_ids: Sequence[int], name: str, value: str, by: str) -> list[bool]:
+        stamp, by = self.stamp(), self._text(by) or ""
+        woken = self._transaction(lambda tx: waits.send(tx, job_ids, name, value, by, stamp))
         if any(woken):
             self._wake_here()
         return woken

@@ -213,14 +213,20 @@ class Statements(Written):
     # jobs that wait (storage/waits.py)
     LOCK_CLAIM: str
     LOCK_JOB: str
+    LOCK_JOBS: str
     WAIT_OF: str
-    PEEK_WAIT: str
+    PEEK_WAITS: str
+    WAIT_NAMED: str
+    WAITS_NAMED: str
     REACH: str
     DROP_SENT: str
     EXPIRE: str
     SEND: str
+    SEND_MANY: str
     SUSPEND: str
+    SUSPEND_MANY: str
     WAKE_SENT: str
+    WAKE_SENT_MANY: str
     WAKE_DUE: str
     NEXT_WAKE: str
     WAITS: str

@@ -15,7 +15,7 @@ suspension reads the wait (and the wait returns its value) or after the job is
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from ..dependencies import When, initial
@@ -77,48 +77,64 @@ def reach(tx: Tx, job_id: int, attempt: int, wait: WaitSpec, now_us: int, stamp:
         tx(tx.sql.DROP_SENT, key)
         reached = decide((*found[0][:3], None, None), wait, now_us)
     if reached.outcome == "expire":
-        _record(tx, claim, wait, reached.wake)
+        _record(tx, [job_id], stamp, wait, reached.wake)
         tx(tx.sql.EXPIRE, {**key, "now": stamp})
         return Reached("expired")
     if reached.outcome == "suspend":
         assert reached.wake is not None
-        if not suspend_in(tx, claim, wait, reached.wake):
+        if not suspend_all(tx, [Suspension(job_id, attempt, wait, reached.wake)], stamp)[0]:
             raise LeaseLost(f"job {job_id} cannot wait: its claim is gone")
         return Reached("suspended")
     if reached.outcome == "value" and found and found[0][0] is None:
-        _record(tx, claim, wait, None)  # a value sent ahead: the wait it answered is known now
+        _record(tx, [job_id], stamp, wait, None)  # a value sent ahead: the wait it answered is known now
     return reached
 
 
 def suspend_all(tx: Tx, suspensions: Sequence[Suspension], stamp: int | None) -> list[bool]:
-    """Write suspensions decided by their runs (a worker's batch); False where the claim is gone."""
-    return [
-        suspend_in(tx, {"id": job_id, "attempt": attempt, "now": stamp}, wait, wake)
-        for job_id, attempt, wait, wake in suspensions
-    ]
+    """Write suspensions decided by their runs (a worker's batch); False where the claim is gone.
+    Jobs that wait alike are written together: one statement per (attempt, wake-up) to suspend
+    them, one per wait to record it. Each suspension locks the job's row first, so a send either
+    committed before (and the wait's row, upserted next, returns its value: the job is pending
+    again at once) or waits for this commit and finds the job waiting."""
+    held: set[int] = set()
+    for (attempt, wake), alike in _grouped(suspensions, lambda s: (s.attempt, s.wake)).items():
+        params = {"ids": [s.job_id for s in alike], "attempt": attempt, "wake": wake, "now": stamp}
+        held.update(int(row[0]) for row in tx(tx.sql.SUSPEND_MANY, params))
+    suspended = [s for s in suspensions if s.job_id in held]
+    for (wait, deadline), alike in _grouped(suspended, lambda s: (s.wait, _deadline(s))).items():
+        sent = [
+            (int(i), str(v)) for i, v in _record(tx, [s.job_id for s in alike], stamp, wait, deadline) if v
+        ]
+        if wait.kind != "event":
+            continue
+        for job_id, value in sent:  # sent while it ran: it runs again now
+            if accepts(wait.choices, value):
+                tx(tx.sql.WAKE_SENT, {"id": job_id, "now": stamp, "wake": True})
+            else:  # outside its choices: dropped, the name free again
+                tx(tx.sql.DROP_SENT, {"id": job_id, "name": wait.name})
+    return [s.job_id in held for s in suspensions]
 
 
-def suspend_in(tx: Tx, claim: Claim, wait: WaitSpec, wake: int) -> bool:
-    """The job waits until `wake` (fenced: False if the claim is gone); if a value for the wait
-    came meanwhile (sent while it ran), it is pending again at once. The suspension locks the
-    job's row first, so a send either committed before (and the wait's row, upserted next,
-    returns its value) or waits for this commit and finds the job waiting."""
-    if not tx(tx.sql.SUSPEND, {**claim, "wake": wake, "left": 0, "when": None}):
-        return False
-    [(value,)] = _record(tx, claim, wait, wake if wait.kind == "sleep" or wake != NEVER_US else None)
-    if value is not None and wait.kind == "event":  # sent before it got here: it runs again now
-        if accepts(wait.choices, value):
-            tx(tx.sql.WAKE_SENT, {"id": claim["id"], "now": claim["now"], "wake": True})
-        else:  # outside its choices: dropped, the name free again
-            tx(tx.sql.DROP_SENT, {"id": claim["id"], "name": wait.name})
-    return True
+def _deadline(suspension: Suspension) -> int | None:
+    """The deadline a suspension records: a sleep's wake-up, an event's deadline if it has one."""
+    wake = suspension.wake
+    return wake if suspension.wait.kind == "sleep" or wake != NEVER_US else None
 
 
-def _record(tx: Tx, claim: Claim, wait: WaitSpec, deadline: int | None) -> list[Row]:
-    """The wait as reached: its kind, prompt and choices; its deadline as first fixed. Its row's
-    value (one sent already, if any)."""
-    return tx(tx.sql.REACH, {"id": claim["id"], "name": wait.name, "kind": wait.kind, "prompt": wait.prompt,
-                             "choices": wait.choices, "deadline": deadline, "now": claim["now"]})  # fmt: skip
+def _grouped(
+    suspensions: Sequence[Suspension], key: Callable[[Suspension], Hashable]
+) -> dict[Any, list[Suspension]]:
+    groups: dict[Any, list[Suspension]] = {}
+    for suspension in suspensions:
+        groups.setdefault(key(suspension), []).append(suspension)
+    return groups
+
+
+def _record(tx: Tx, ids: list[int], stamp: int | None, wait: WaitSpec, deadline: int | None) -> list[Row]:
+    """The wait as reached by each job of `ids`: its kind, prompt and choices; its deadline as
+    first fixed. (job id, the value sent already, if any) for each."""
+    return tx(tx.sql.REACH, {"ids": ids, "name": wait.name, "kind": wait.kind, "prompt": wait.prompt,
+                             "choices": wait.choices, "deadline": deadline, "now": stamp})  # fmt: skip
 
 
 def _lock_claim(tx: Tx, claim: Claim, name: str) -> None:
@@ -154,7 +170,7 @@ def _reach_jobs(tx: Tx, claim: Claim, wait: WaitSpec) -> Reached:
     change = initial(rule, [(int(i), State(s), r) for i, s, r in found])
     if change.state is State.PENDING:
         return Reached("done")
-    _record(tx, claim, wait, None)
+    _record(tx, [job_id], claim["now"], wait, None)
     for parent in jobs:
         tx(tx.sql.INSERT_EDGE, {"parent": parent, "child": job_id})
     _suspend(tx, claim, NEVER_US, change.left, rule.value)
@@ -167,21 +183,29 @@ def _reach_jobs(tx: Tx, claim: Claim, wait: WaitSpec) -> Reached:
     return Reached("suspended")
 
 
-def send(tx: Tx, sends: Sequence[tuple[int, str, str]], by: str, stamp: int | None) -> list[bool]:
-    """Record each (job id, name, JSON value); True for each job it woke."""
-    woken = []
-    for job_id, name, value in sends:
-        rows = tx(tx.sql.LOCK_JOB, {"id": job_id})
-        if not rows:
+def send(tx: Tx, job_ids: Sequence[int], name: str, value: str, by: str, stamp: int | None) -> list[bool]:
+    """Record `value` (JSON) under `name` for each job of `job_ids` (ascending: rows are locked in
+    that order); True for each job it woke. Every job is checked before anything is written."""
+    # One job (q.send) by its id, several (send_many) by a list: a list costs SQLite a JSON parse.
+    sql = tx.sql
+    one = len(job_ids) == 1
+    jobs = {"id": job_ids[0]} if one else {"ids": list(job_ids)}
+    lock, named, write, wake = (
+        (sql.LOCK_JOB, sql.WAIT_NAMED, sql.SEND, sql.WAKE_SENT)
+        if one
+        else (sql.LOCK_JOBS, sql.WAITS_NAMED, sql.SEND_MANY, sql.WAKE_SENT_MANY)
+    )
+    states = {int(i): State(s) for i, s in tx(lock, jobs)}
+    waits = {int(row[0]): row[1:] for row in tx(named, {**jobs, "name": name})}
+    for job_id in job_ids:
+        status = states.get(job_id)
+        if status is None:
             raise JobNotFound(f"no job with id {job_id}")
-        status = State(rows[0][0])
         if status in FINISHED:
             raise InvalidTransition(
                 f"job {job_id} is {status.value}: a value can be sent only to a job that has not finished"
             )
-        key = {"id": job_id, "name": name}
-        found = tx(tx.sql.WAIT_OF, key)
-        kind, choices, _, sent, expired = found[0] if found else (None, None, None, None, None)
+        kind, choices, sent, expired = waits.get(job_id, (None, None, None, None))
         if kind in ("sleep", "jobs"):
             raise InvalidArgument(f"{name!r} of job {job_id} is a {kind}, not a wait for a value")
         if expired is not None:
@@ -193,9 +217,10 @@ def send(tx: Tx, sends: Sequence[tuple[int, str, str]], by: str, stamp: int | No
                 f"job {job_id} waits for one of {', '.join(map(json.dumps, json.loads(choices)))} "
                 f"as {name!r}, not {value}"
             )
-        tx(tx.sql.SEND, {**key, "value": value, "by": by, "now": stamp})
-        woke = status is State.WAITING and kind == "event"
-        if woke:
-            woke = bool(tx(tx.sql.WAKE_SENT, {"id": job_id, "now": stamp, "wake": True}))
-        woken.append(woke)
-    return woken
+    tx(write, {**jobs, "name": name, "value": value, "by": by, "now": stamp})
+    wakeable = [i for i in job_ids if states[i] is State.WAITING and waits.get(i, ("",))[0] == "event"]
+    if not wakeable:
+        return [False] * len(job_ids)
+    to_wake = {"id": wakeable[0]} if one else {"ids": wakeable}
+    woken = {int(row[0]) for row in tx(wake, {**to_wake, "now": stamp, "wake": True})}
+    return [job_id in woken for job_id in job_ids]

@@ -79,6 +79,21 @@ def after_parent(rule: When, left: int, parent: State, parent_root: int | None, 
     return Change(State.PENDING if left == 0 else State.BLOCKED, left)
 
 
+def after_parents(
+    rule: When, left: int, parent: State, parent_root: int | None, parent_id: int, count: int
+) -> Change:
+    """A blocked child when `count` of its parents finish alike (as `parent`, passing on the same
+    root cause): after_parent folded over them one at a time, in one step (a cascade reads how
+    many of a batch's completed parents a child has, not a row per parent). The first decides
+    the child or counts it down by one; one that leaves it undecided shows the rule decides such
+    a child only as its count reaches 0, so the others count down alike and the last stands for
+    them all (tests/test_dependency_rules.py holds this against the fold, rule by rule)."""
+    change = after_parent(rule, left, parent, parent_root, parent_id)
+    if count == 1 or change.state is not State.BLOCKED:
+        return change
+    return after_parent(rule, left - count + 1, parent, parent_root, parent_id)
+
+
 def initial(rule: When, parents: Sequence[tuple[int, State, int | None]]) -> Change:
     """A child's state given its parents as they are now (at enqueue, or when re-armed)."""
     change = Change(State.BLOCKED, len(parents))

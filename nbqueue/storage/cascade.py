@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..dependencies import Change, When, after_parent, initial
+from ..dependencies import Change, When, after_parents, initial
 from ..errors import FamilyTooLarge, InvalidTransition, JobNotFound
 from ..jobs import State
 from . import NewJob
@@ -26,32 +26,46 @@ def doomed_error(root: int, state: State) -> str:
 
 
 def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
-    """Children of jobs that just finished: counted down, released, or doomed, level by level."""
+    """Children of jobs that just finished: counted down, released, or doomed, level by level.
+
+    The children of the parents that completed are read a row each, with how many of those are
+    its parents (a fan-in's join is one row per batch, not one per parent), and folded over that
+    count at once (dependencies.after_parents); those of the parents that did not, edge by edge,
+    since each passes on its own root cause. A level is a batch of completions or of failures;
+    were one both, a child would count its completed parents first."""
     level = list(finished)
     roots: dict[int, State] = {job_id: state for job_id, state, _ in finished}
     while level:
-        outcomes = {job_id: (state, root) for job_id, state, root in level}
-        rows = tx(tx.sql.CHILDREN_BLOCKED, {"ids": sorted(outcomes)})
-        waiting: dict[int, tuple[When, int]] = {}
+        completed = sorted([job_id for job_id, state, _ in level if state is State.COMPLETED])
+        failed = {job_id: (state, root) for job_id, state, root in level if state is not State.COMPLETED}
+        # (child, rule, count left, parent, parents): parent 0 stands for `parents` that completed
+        rows: list[tuple[int, str | None, int, int, int]] = []
+        if completed:
+            rows = [(c, r, n, 0, k) for c, r, n, k in tx(tx.sql.CHILDREN_COUNTED, {"ids": completed})]
+        if failed:
+            rows += [(c, r, n, p, 1) for p, c, r, n in tx(tx.sql.CHILDREN_BLOCKED, {"ids": sorted(failed)})]
+        known: dict[tuple[str | None, int, int, int], Change] = {}  # children alike are decided once
+        counts: dict[int, int] = {}  # each child's count left so far in this level (-1: decided)
         next_level: list[Finished] = []
         released: dict[int, list[int]] = {}  # children let go, by the count they have left
-        for parent, child, rule, left in rows:
-            current = waiting.get(child, (When(rule or When.ALL_SUCCEEDED), int(left)))
-            if current[1] < 0:  # decided already by an earlier parent in this level
+        for child, rule, stored, parent, parents in rows:
+            left = counts.get(child, stored)
+            if left < 0:  # decided already by an earlier parent in this level
                 continue
-            state, root = outcomes[parent]
-            change = after_parent(current[0], current[1], state, root, parent)
-            if change.state is State.BLOCKED:
-                waiting[child] = (current[0], change.left)
-                continue
-            waiting[child] = (current[0], -1)
+            if (change := known.get(key := (rule, left, parent, parents))) is None:
+                state, root = failed.get(parent, (State.COMPLETED, None))
+                when = When(rule or When.ALL_SUCCEEDED)
+                change = known[key] = after_parents(when, int(left), state, root, parent, int(parents))
+            counts[child] = change.left if change.state is State.BLOCKED else -1
             if change.state is State.PENDING:
                 released.setdefault(change.left, []).append(child)
-                continue
-            apply(tx, child, change, roots.get(change.root or 0, State.DEAD), now, next_level)
+            elif change.state is not State.BLOCKED:
+                apply(tx, child, change, roots.get(change.root or 0, State.DEAD), now, next_level)
         for left, children in released.items():  # one statement per count, not one per child
             tx(tx.sql.UNBLOCK_MANY, {"ids": children, "left": left, "now": now})
-        for child, (_, left) in waiting.items():
+        if released:  # the workers are woken once, not once per child let go
+            tx(tx.sql.WAKE, {})
+        for child, left in counts.items():
             if left >= 0:
                 tx(tx.sql.SET_LEFT, {"id": child, "left": left})
         level = next_level

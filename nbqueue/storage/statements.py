@@ -198,6 +198,7 @@ class Statements(Written):
     MADE_BY: str
     INSERT_EDGE: str
     CHILDREN_BLOCKED: str
+    CHILDREN_COUNTED: str
     CHILDREN_WAITING: str
     SET_LEFT: str
     UNBLOCK: str
@@ -549,11 +550,20 @@ def build(d: Dialect, w: Written) -> Statements:
         # A cascade walks the edges from the parents, then each child by its id, never from every
         # blocked job in the state index (each level of a chain). The children are locked (in id
         # order) before their counts are read, where other writers run at once (PostgreSQL): two
-        # parents finishing at once queue up on the child, and no count-down is lost.
+        # parents finishing at once queue up on the child, and no count-down is lost. Parents that
+        # did not complete: a row per edge, as each passes on its own root cause.
         CHILDREN_BLOCKED=r(
             f"SELECT e.parent, c.id, c.wait_when, c.parents_left FROM {children} WHERE e.parent IN "
             "[:ids::bigint] "
             f"AND {d.unindexed.format(blocked)} ORDER BY c.id, e.parent{d.lock_children}"
+        ),
+        # Parents that completed: a row per child, with how many of them are its parents (a fan-in's
+        # join is one row per batch of finished parents, not one per parent).
+        CHILDREN_COUNTED=r(
+            "SELECT c.id, c.wait_when, c.parents_left, g.n FROM (SELECT e.child, count(*) AS n FROM "
+            "nbqueue_edges e WHERE e.parent IN [:ids::bigint] GROUP BY e.child) g "
+            f"{d.ordered_join} nbqueue_jobs c ON c.id = g.child WHERE {d.unindexed.format(blocked)} "
+            f"ORDER BY c.id{d.lock_children}"
         ),
         # Children that wait for their parents, or were let go by them and have not started: a parent
         # that comes back (requeue, replay) makes them count afresh.
@@ -572,8 +582,7 @@ def build(d: Dialect, w: Written) -> Statements:
         UNBLOCK_MANY=r(
             "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = CASE WHEN "
             f"status = 'waiting' OR run_at >= {NEVER_US} THEN {now} ELSE {d.greatest}(run_at, {now}) END, "
-            f"updated_at = {now} WHERE id IN [:ids::bigint] AND {d.unindexed.format(counting)} "
-            f"RETURNING 1{d.wake}"
+            f"updated_at = {now} WHERE id IN [:ids::bigint] AND {d.unindexed.format(counting)}"
         ),
         DOOM=r(
             "UPDATE nbqueue_jobs SET status = 'upstream_failed', parents_left = :left, root_cause = :root, "
@@ -590,22 +599,19 @@ def build(d: Dialect, w: Written) -> Statements:
         SETTLE=r(
             "UPDATE nbqueue_jobs SET status = :status, parents_left = :left, root_cause = :root, "
             "error = coalesce(:error, error), finished_at = CASE WHEN :status = 'upstream_failed' THEN "
-            f"{now} END, "
-            f"updated_at = {now} WHERE id = :id RETURNING 1{d.wake}"
+            f"{now} END, updated_at = {now} WHERE id = :id RETURNING 1{d.wake}"
         ),
         DOOMED_BY=r(
             f"SELECT c.id FROM {children} WHERE e.parent IN [:ids::bigint] "
             f"AND {d.unindexed.format(doomed)} AND c.root_cause = :root"
         ),
         REARM=r(
-            "UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, finished_at = "
-            "NULL, "
-            f"updated_at = {now} WHERE id = :id AND status = 'upstream_failed'"
+            "UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, "
+            f"finished_at = NULL, updated_at = {now} WHERE id = :id AND status = 'upstream_failed'"
         ),
         EDGES_OF=r(
-            "SELECT parent, child FROM nbqueue_edges WHERE child IN [:ids::bigint] OR parent IN "
-            "[:ids::bigint] "
-            "ORDER BY child, parent"
+            "SELECT parent, child FROM nbqueue_edges WHERE child IN [:ids::bigint] "
+            "OR parent IN [:ids::bigint] ORDER BY child, parent"
         ),
         IN_WORKFLOW=r("SELECT id FROM nbqueue_jobs WHERE workflow = :workflow ORDER BY id"),
         **wait_statements(r, now, d.lock_row, d.wake, LIVE_CLAIM),
@@ -653,9 +659,8 @@ def build(d: Dialect, w: Written) -> Statements:
         STILL_CLAIMED=r(f"SELECT 1 FROM nbqueue_jobs WHERE {LIVE_CLAIM}"),
         STEP_OF=r("SELECT value FROM nbqueue_steps WHERE job_id = :id AND name = :name AND error IS NULL"),
         STEPS=r(
-            "SELECT name, value, error, attempt, started_at, finished_at FROM nbqueue_steps WHERE job_id = "
-            ":id "
-            "ORDER BY finished_at, name"
+            "SELECT name, value, error, attempt, started_at, finished_at FROM nbqueue_steps "
+            "WHERE job_id = :id ORDER BY finished_at, name"
         ),
         STEP_PREVIEWS=r(
             "SELECT name, substr(value, 1, :chars), error, attempt, started_at, finished_at "

@@ -660,7 +660,7 @@ def test_steps_in_process_mode_survive_a_retry(queue: Queue, tmp_path: Path) -> 
 # -- 7. cascades walk the children, not the state index ----------------------------------------
 
 #: The statements a cascade runs per level: each must start from the parents' edges.
-CASCADE_STATEMENTS = ("CHILDREN_BLOCKED", "CHILDREN_WAITING", "DOOMED_BY")
+CASCADE_STATEMENTS = ("CHILDREN_BLOCKED", "CHILDREN_COUNTED", "CHILDREN_WAITING", "DOOMED_BY")
 
 
 def chain(q: Queue, length: int) -> list[Job]:

@@ -483,12 +483,14 @@ INSERT = (
 )
 # A batch of successes in one statement, each under its own live claim: :done is a JSON array
 # of [id, attempt, result, output]. It returns the ids it completed, and whether each has children.
+# `+status` keeps SQLite off the state index: from it, the plan read every running job and, for
+# each, the whole array (running jobs x batch); from the array, each job is one rowid lookup.
 COMPLETE_MANY = (
     "UPDATE nbqueue_jobs SET status = 'completed', result = d.result, output = d.output, finished_at = :now, "
     "updated_at = :now, lease_until = NULL FROM (SELECT json_extract(value, '$[0]') AS id, "
     "json_extract(value, '$[1]') AS attempt, json_extract(value, '$[2]') AS result, "
     "json_extract(value, '$[3]') AS output FROM json_each(:done)) AS d WHERE nbqueue_jobs.id = d.id "
-    "AND status = 'running' AND attempts = d.attempt AND lease_until > :now "
+    "AND +status = 'running' AND attempts = d.attempt AND lease_until > :now "
     "RETURNING nbqueue_jobs.id, has_children"
 )
 

@@ -65,8 +65,8 @@ class Planned:
     @property
     def id(self) -> int:
         """A placeholder id inside the block (negative); the real id after it."""
-        job = self._workflow.written(self._index)
-        return -(self._index + 1) if job is None else job.id
+        job_id = self._workflow.written_id(self._index)
+        return -(self._index + 1) if job_id is None else job_id
 
     @property
     def job(self) -> Job:
@@ -96,13 +96,24 @@ class Workflow:
     """Jobs made together: `with q.workflow(name) as wf:` writes them in one transaction at exit."""
 
     name: str
-    submit: Callable[[Workflow], tuple[int, list[Job]]] = field(repr=False)
+    submit: Callable[[Workflow], tuple[int, list[int]]] = field(repr=False)  # (its id, its jobs' ids)
+    read: Callable[[list[int]], list[Job]] | None = field(default=None, repr=False)  # jobs by id
     owner: object = field(default=None, repr=False)  # the queue's intake: other queues are not collected
     graph: Callable[[Workflow], list[tuple[Job, list[int]]]] | None = field(default=None, repr=False)
     plans: list[Plan] = field(default_factory=list, repr=False)
     id: int | None = None
-    jobs: list[Job] = field(default_factory=list, repr=False)
+    ids: list[int] = field(default_factory=list, repr=False)  # its jobs' ids, in the order made
+    _jobs: list[Job] | None = field(default=None, repr=False)
     _token: Any = field(default=None, repr=False)
+
+    @property
+    def jobs(self) -> list[Job]:
+        """Its jobs, in the order made, read when first asked for: a block of thousands of jobs
+        is written without reading them back, as a loop of enqueues is."""
+        if self._jobs is None and self.ids:
+            assert self.read is not None
+            self._jobs = self.read(self.ids)
+        return self._jobs or []
 
     def add(self, plan: Plan) -> Planned:
         """Collect a job (done by enqueue and schedule inside the block)."""
@@ -112,7 +123,10 @@ class Workflow:
         return Planned(self, len(self.plans) - 1, plan)
 
     def written(self, index: int) -> Job | None:
-        return self.jobs[index] if index < len(self.jobs) else None
+        return self.jobs[index] if index < len(self.ids) else None
+
+    def written_id(self, index: int) -> int | None:
+        return self.ids[index] if index < len(self.ids) else None
 
     def __enter__(self) -> Workflow:
         self._token = _active.set(self)
@@ -121,7 +135,7 @@ class Workflow:
     def __exit__(self, kind: object, error: object, tb: object) -> None:
         _active.reset(self._token)
         if kind is None and self.plans:
-            self.id, self.jobs = self.submit(self)
+            self.id, self.ids = self.submit(self)
 
     def __repr__(self) -> str:
         return f"<nbqueue workflow {self.name!r} id={self.id} jobs={len(self.plans)}>"

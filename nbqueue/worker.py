@@ -542,6 +542,7 @@ class Worker:
                 context.close_stream()
         output = tail(buffer.getvalue())
         if context.suspended:  # it waits: written with the batch's next commit, if not already
+            del outcome  # (its Suspended's traceback holds this frame: a cycle left to the collector)
             if context.suspension is not None:
                 batch.add_done(job, context.suspension)
             return

@@ -32,7 +32,7 @@ help:
 	@echo "make soak     the reliability suite, long: 500 worker kills, 100,000 contended jobs (NBQUEUE_SOAK=2 doubles it)"
 	@echo "make lab      open JupyterLab on notebooks/"
 	@echo "make bench    throughput next to raw SQLite and the peers (huey, litequeue, procrastinate, pgqueuer, langgraph-checkpoint-sqlite)"
-	@echo "make bounds   profiles of what the missed bench goals cost (enqueue by layer, schema per row, PostgreSQL CPU per job)"
+	@echo "make bounds   profiles of what the missed bench goals cost (enqueue by layer, schema per row, PostgreSQL CPU per job, agent shapes)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

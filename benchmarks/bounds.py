@@ -10,6 +10,8 @@ compare the rows of one run):
    both. (The schema is changed on a scratch file only, to measure it.)
 3. PostgreSQL drains: CPU per job in the worker processes and in the rest of the machine (the
    server's backends), nbqueue next to pgqueuer, 1, 2 and 4 processes.
+4. The agent-shaped goals that stay short (agent_bounds.py): the fan-out's cascade and the wait
+   cycle's phases, per job, next to a plain drain.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 from nbqueue.storage import NewJob
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import agent_bounds
 import bench
 import peers
 
@@ -208,6 +211,7 @@ def main() -> int:
                     f"  {who:9s} {processes} process(es) {per_s:7,.0f}/s  workers {kids:5.0f}  "
                     f"server and the rest {rest:5.0f}  total {kids + rest:5.0f}"
                 )
+        agent_bounds.report(folder)
     return 0
 
 

@@ -9,10 +9,11 @@ workflow, only when it has any), then one insert, returned as a Job without read
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from . import dependencies, workflows
@@ -229,14 +230,7 @@ class Intake:
         """The Job a new row became, from what was written (no read back; `payload`, when given,
         is what its JSON reads back as)."""
         assert created_at is not None
-        stamp = from_us(created_at)
-        assert stamp is not None
-        run_at = (
-            from_us(new.run_at_us)
-            if new.run_at_us is not None
-            else stamp + timedelta(microseconds=new.delay_us)
-        )
-        assert run_at is not None
+        stamp, run_at = _times(created_at, new.run_at_us, new.delay_us)
         return self._attach(
             Job(
                 id=job_id,
@@ -259,6 +253,16 @@ class Intake:
                 limits=json.loads(new.limits) if new.limits else {},
             )
         )
+
+
+@functools.lru_cache(maxsize=8)  # the jobs of one map or batch share their times: worked out once
+def _times(created_at: int, run_at_us: int | None, delay_us: int) -> tuple[datetime, datetime]:
+    """A new job's created_at and run_at, from what was written (µs)."""
+    stamp = from_us(created_at)
+    assert stamp is not None
+    run_at = from_us(run_at_us) if run_at_us is not None else stamp + timedelta(microseconds=delay_us)
+    assert run_at is not None
+    return stamp, run_at
 
 
 def _call_of(item: Any) -> dict[str, Any] | None:

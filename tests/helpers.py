@@ -18,11 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nbqueue import Backoff, Queue, cli
+from nbqueue import Backoff, Job, Queue, cli
 
 T = TypeVar("T")
 MakeQueue = Callable[..., Queue]
 QUICK_RETRY = Backoff(base=0.1, cap=0.1, jitter=0)  # a retry is due a tenth of a second later
+QUICK: dict[str, Any] = {"idle_interval": 0.05}  # a worker that looks for due jobs often
 
 
 def wait_until(
@@ -40,6 +41,17 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout} s (last value seen: {_short(value)})")
         time.sleep(every)
+
+
+def status(q: Queue, job: Job | int) -> str:
+    """A job's state as stored now."""
+    return str(q.get(job if isinstance(job, int) else job.id).status)
+
+
+def until_status(q: Queue, job: Job | int, state: str, timeout: float = 20.0) -> None:
+    """Wait until the job is in `state` (fails the test after `timeout` seconds)."""
+    job_id = job if isinstance(job, int) else job.id
+    wait_until(lambda: status(q, job_id) == state, timeout, f"job {job_id} {state}")
 
 
 def _short(value: Any, limit: int = 300) -> str:

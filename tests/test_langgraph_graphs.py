@@ -11,6 +11,7 @@ SIGKILL, real SQLite files and the real PostgreSQL server.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 import sys
 import threading
@@ -31,18 +32,28 @@ import nbqueue
 from nbqueue import Queue
 from nbqueue.integrations.langgraph import QueueSaver, UnsafeCheckpoint, enqueue_graph, graph_task
 from tests import langgraph_app
-from tests.helpers import QUICK_RETRY, MakeQueue, killed_then_finished, raw_rows, wait_until
+from tests.helpers import (
+    QUICK,
+    QUICK_RETRY,
+    MakeQueue,
+    killed_then_finished,
+    raw_rows,
+    status,
+    until_status,
+    wait_until,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK: dict[str, Any] = {"idle_interval": 0.05}  # a worker that looks for due jobs often
 
 
-def status(q: Queue, job: nbqueue.Job) -> str:
-    return str(q.get(job.id).status)
-
-
-def until_status(q: Queue, job: nbqueue.Job, state: str, timeout: float = 20.0) -> None:
-    wait_until(lambda: status(q, job) == state, timeout, f"job {job.id} {state}")
+def chain(schema: Any, *nodes: tuple[str, Any]) -> StateGraph[Any]:
+    """A graph builder whose nodes, (name, function) each, run one after another."""
+    builder = StateGraph(schema)
+    for name, run in nodes:
+        builder.add_node(name, run)
+    for before, after in itertools.pairwise([START, *(name for name, _ in nodes), END]):
+        builder.add_edge(before, after)
+    return builder
 
 
 def waiting_names(q: Queue) -> list[str]:
@@ -78,13 +89,7 @@ def test_an_interrupt_waits_for_its_node_and_a_send_resumes_the_graph(queue: Que
         calls["post"] += 1
         return {"log": ["posted"]}
 
-    builder = StateGraph(Draft)
-    for node in (write, review, post):
-        builder.add_node(node.__name__, node)
-    builder.add_edge(START, "write")
-    builder.add_edge("write", "review")
-    builder.add_edge("review", "post")
-    builder.add_edge("post", END)
+    builder = chain(Draft, ("write", write), ("review", review), ("post", post))
     job = enqueue_graph(queue, builder.compile(name="publisher"), {"draft": "", "log": []})
     assert job.task == "langgraph.publisher"
 
@@ -144,14 +149,7 @@ def test_a_retried_run_goes_on_from_the_last_checkpoint(queue: Queue) -> None:
             raise ConnectionError("the model's server hung up")  # once: the retry succeeds
         return {"trail": ["b"]}
 
-    builder = StateGraph(Chain)
-    builder.add_node("a", node("a"))
-    builder.add_node("b", flaky)
-    builder.add_node("c", node("c"))
-    builder.add_edge(START, "a")
-    builder.add_edge("a", "b")
-    builder.add_edge("b", "c")
-    builder.add_edge("c", END)
+    builder = chain(Chain, ("a", node("a")), ("b", flaky), ("c", node("c")))
     job = enqueue_graph(
         queue, builder.compile(name="chain"), {"trail": []}, max_retries=2, backoff=QUICK_RETRY
     )
@@ -248,10 +246,7 @@ def test_several_stream_modes_become_mode_and_data_items(queue: Queue) -> None:
         write("almost")
         return {"x": state["x"] + 1}
 
-    builder = StateGraph(Thought)
-    builder.add_node("think", think)
-    builder.add_edge(START, "think")
-    builder.add_edge("think", END)
+    builder = chain(Thought, ("think", think))
     job = enqueue_graph(queue, builder.compile(name="thinker"), {"x": 1}, stream_mode=["updates", "custom"])
     with queue.worker(**QUICK):
         assert job.result(timeout=20) == {"x": 2}
@@ -273,10 +268,7 @@ def test_messages_mode_streams_the_models_tokens(queue: Queue) -> None:
     def chat(state: Chat) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
-    builder = StateGraph(Chat)
-    builder.add_node("chat", chat)
-    builder.add_edge(START, "chat")
-    builder.add_edge("chat", END)
+    builder = chain(Chat, ("chat", chat))
     question = {"messages": [{"role": "user", "content": "What do durable agents do?"}]}
     job = enqueue_graph(queue, builder.compile(name="chatter"), question, stream_mode="messages")
     with queue.worker(**QUICK):
@@ -297,10 +289,7 @@ def test_jobs_on_one_thread_see_the_state_the_earlier_ones_left(queue: Queue) ->
     def echo(state: Chain) -> dict[str, Any]:
         return {"trail": [f"seen {len(state['trail'])}"]}
 
-    builder = StateGraph(Chain)
-    builder.add_node("echo", echo)
-    builder.add_edge(START, "echo")
-    builder.add_edge("echo", END)
+    builder = chain(Chain, ("echo", echo))
     graph = builder.compile(name="echo")
     with queue.worker(**QUICK):
         first = enqueue_graph(queue, graph, {"trail": ["hello"]}, thread_id="conversation-1")
@@ -371,10 +360,7 @@ def test_keep_last_leaves_that_many_checkpoints_of_a_long_thread(
 
 
 def test_what_is_not_a_compiled_graph_or_not_json_is_refused(queue: Queue) -> None:
-    builder = StateGraph(Chat)
-    builder.add_node("chat", lambda s: {"messages": []})
-    builder.add_edge(START, "chat")
-    builder.add_edge("chat", END)
+    builder = chain(Chat, ("chat", lambda s: {"messages": []}))
     with pytest.raises(nbqueue.InvalidArgument, match="compiled graph"):
         graph_task(queue, builder)  # the builder, not builder.compile()
     with pytest.raises(nbqueue.InvalidArgument, match="compiled graph"):
@@ -386,11 +372,8 @@ def test_what_is_not_a_compiled_graph_or_not_json_is_refused(queue: Queue) -> No
 
 
 def one_node(node: str, value: str) -> Any:
-    builder = StateGraph(Draft)
-    builder.add_node(node, lambda s: {"draft": value})
-    builder.add_edge(START, node)
-    builder.add_edge(node, END)
-    return builder.compile()  # unnamed: LangGraph calls every such graph "LangGraph"
+    # Unnamed: LangGraph calls every such graph "LangGraph".
+    return chain(Draft, (node, lambda s: {"draft": value})).compile()
 
 
 def test_two_unnamed_graphs_are_not_taken_for_one(queue: Queue) -> None:
@@ -416,10 +399,7 @@ def test_an_interrupt_with_a_timeout_and_default_takes_the_default_at_its_deadli
                             "default": "reject"})  # fmt: skip
         return {"verdict": answer}
 
-    builder = StateGraph(Draft)
-    builder.add_node("review", review)
-    builder.add_edge(START, "review")
-    builder.add_edge("review", END)
+    builder = chain(Draft, ("review", review))
     job = enqueue_graph(queue, builder.compile(name="deadline"), {"draft": "", "log": []})
     with queue.worker(**QUICK):
         until_status(queue, job, "waiting")
@@ -436,10 +416,7 @@ def test_the_board_shows_a_graph_job_s_question_without_its_bookkeeping_steps(qu
     def review(state: Draft) -> dict[str, Any]:
         return {"verdict": interrupt("Ship it?")}
 
-    builder = StateGraph(Draft)
-    builder.add_node("review", review)
-    builder.add_edge(START, "review")
-    builder.add_edge("review", END)
+    builder = chain(Draft, ("review", review))
     job = enqueue_graph(queue, builder.compile(name="ship"), {"draft": "", "log": []})
     with queue.worker(**QUICK):
         until_status(queue, job, "waiting")
@@ -464,12 +441,7 @@ class Noted(TypedDict):
 def test_a_graph_s_own_state_types_are_built_again_after_a_wait(queue: Queue) -> None:
     """The saver builds no class it was not told of; the types a graph's schemas name are its
     own, so graph_task tells it (else the resumed run could not read its own checkpoint)."""
-    builder = StateGraph(Noted)
-    builder.add_node("a", lambda s: {"note": Note("hi")})
-    builder.add_node("b", lambda s: {"ok": interrupt("ok?")})
-    builder.add_edge(START, "a")
-    builder.add_edge("a", "b")
-    builder.add_edge("b", END)
+    builder = chain(Noted, ("a", lambda s: {"note": Note("hi")}), ("b", lambda s: {"ok": interrupt("ok?")}))
     job = enqueue_graph(queue, builder.compile(name="notes"), {"ok": ""})
     with queue.worker(**QUICK):
         until_status(queue, job, "waiting")

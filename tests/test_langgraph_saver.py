@@ -56,13 +56,12 @@ import nbqueue
 from nbqueue import InvalidArgument, Queue
 from nbqueue.checkpoints import doomed
 from nbqueue.integrations.langgraph import QueueSaver, SafeSerializer, UnsafeCheckpoint
-from tests.helpers import MakeQueue, raw_rows, wait_until
+from tests.helpers import QUICK, MakeQueue, raw_rows, wait_until
 from tests.test_migrations import postgres_at, sqlite_at
 
 TABLES = ("nbqueue_checkpoints", "nbqueue_checkpoint_values", "nbqueue_checkpoint_writes")
 BASE = {"put", "put_writes", "get_tuple", "list", "delete_thread"}
 CAPABILITIES = BASE | {"prune", "copy_thread", "delete_for_runs"}  # LangGraph's extended ones
-QUICK: dict[str, Any] = {"idle_interval": 0.05}  # a worker that looks for due jobs often
 
 
 def config(thread: str, ns: str = "", checkpoint_id: str | None = None) -> RunnableConfig:

@@ -48,19 +48,18 @@ import nbqueue
 from nbqueue import Queue
 from nbqueue.integrations.pydantic_ai import DurableAgent, NbqueueDurability, agent_task, enqueue_agent
 from tests import pydantic_ai_app
-from tests.helpers import QUICK_RETRY, MakeQueue, killed_then_finished, wait_until
+from tests.helpers import (
+    QUICK,
+    QUICK_RETRY,
+    MakeQueue,
+    killed_then_finished,
+    status,
+    until_status,
+    wait_until,
+)
 from tests.pydantic_ai_app import requests_so_far, streaming
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK: dict[str, Any] = {"idle_interval": 0.05}  # a worker that looks for due jobs often
-
-
-def status(q: Queue, job: nbqueue.Job) -> str:
-    return str(q.get(job.id).status)
-
-
-def until_status(q: Queue, job: nbqueue.Job, state: str, timeout: float = 20.0) -> None:
-    wait_until(lambda: status(q, job) == state, timeout, f"job {job.id} {state}")
 
 
 def words(text: str) -> list[str]:

@@ -21,9 +21,7 @@ import nbqueue
 from nbqueue import Dropped, Queue
 from nbqueue.context import running
 from nbqueue.streams import Emitter
-from tests.helpers import QUICK_RETRY, raw_rows, wait_until
-
-QUICK: dict[str, Any] = {"idle_interval": 0.05}  # a worker that looks for due jobs often
+from tests.helpers import QUICK, QUICK_RETRY, raw_rows, wait_until
 
 # Every kind of JSON value, the awkward strings too (a NUL, a lone surrogate, non-ASCII).
 MIXED: list[Any] = [

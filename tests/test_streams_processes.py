@@ -23,10 +23,9 @@ import pytest
 
 import nbqueue
 from nbqueue import Dropped, Queue
-from tests.helpers import QUICK_RETRY, alive, wait_until
+from tests.helpers import QUICK, QUICK_RETRY, alive, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK: dict[str, Any] = {"idle_interval": 0.05}
 
 
 def child_env() -> dict[str, str]:

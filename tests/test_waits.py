@@ -20,17 +20,12 @@ import pytest
 
 import nbqueue
 from nbqueue import Queue, State
-from tests.helpers import QUICK_RETRY, MakeQueue, raw_rows, wait_until
-
-QUICK = {"idle_interval": 0.05}  # a worker that looks for due jobs often: each resumption is quick
-
-
-def status(q: Queue, job: nbqueue.Job | int) -> str:
-    return str(q.get(job if isinstance(job, int) else job.id).status)
+from tests import helpers
+from tests.helpers import QUICK, QUICK_RETRY, MakeQueue, raw_rows, status, wait_until
 
 
-def until_status(q: Queue, job: nbqueue.Job | int, state: str, timeout: float = 10.0) -> None:
-    wait_until(lambda: status(q, job) == state, timeout, f"job {job} {state}")
+def until_status(q: Queue, job: nbqueue.Job | int, state: str) -> None:
+    helpers.until_status(q, job, state, timeout=10.0)  # each resumption here is quick
 
 
 def open_wait_name(q: Queue, job: nbqueue.Job) -> str | None:

@@ -89,6 +89,7 @@ def to_one_form(text: str, d: Dialect) -> str:
         text = re.sub(r"IN \(SELECT value FROM json_each\(:(\w+)\)\)", r"IN [\1]", text)
         text = re.sub(r"json_each\(:(\w+)\)", r"EACH [\1]", text)
         text = re.sub(r":now\b", "{now}", text)
+        text = re.sub(r"\b(AND|WHERE) \+(?=[\w(])", r"\1 ", text)  # d.unindexed: `+test`
     text = re.sub(rf"\b{d.same} (?=:|%\()", "{same} ", text)  # before a parameter only
     text = re.sub(rf"\b{d.greatest}\(", "{greatest}(", text)
     text = re.sub(rf" {d.like} (?=:pattern|%\(pattern)", " {like} ", text)

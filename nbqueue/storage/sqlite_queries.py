@@ -446,7 +446,8 @@ CLAIM_FROM_ANY_QUEUE = _claim(EVERY_WAITING_QUEUE)
 HEADS_IN_QUEUES = _heads(NAMED_QUEUES)
 HEADS_IN_ANY_QUEUE = _heads(EVERY_WAITING_QUEUE)
 TAKE_ID = f"{TAKE} WHERE id = :chosen AND {CLAIMABLE_SQL} {RETURNING_JOB}"
-TAKE_IDS = f"{TAKE} WHERE id IN {IDS} AND {CLAIMABLE_SQL} {RETURNING_JOB}"
+# (found by id: through the state index, the claim would collect the rows first, then write them)
+TAKE_IDS = f"{TAKE} WHERE id IN {IDS} AND +{CLAIMABLE_SQL} {RETURNING_JOB}"
 NEXT_OF_GATE = (
     f"SELECT id, limits FROM {CLAIM_INDEX} WHERE {CLAIMABLE_SQL} AND queue = (SELECT queue FROM "
     "nbqueue_jobs WHERE id = :head) AND gate = (SELECT gate FROM nbqueue_jobs WHERE id = :head) "
@@ -533,7 +534,7 @@ DIALECT = Dialect(
     spawned_index=" INDEXED BY nbqueue_spawned_by",
     lock_children="",
     lock_parents="",
-    unindexed="{}",
+    unindexed="+{}",
     lock_row="",
     like="LIKE",  # ASCII letters match either case (a search's LIKE, not case_sensitive_like)
 )

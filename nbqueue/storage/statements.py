@@ -74,7 +74,7 @@ class Dialect:
     spawned_index: str  # the index hint for walking spawned_by
     lock_children: str  # locks a cascade's children (c) while it counts them down
     lock_parents: str  # holds a re-armed job's parents (p) while it is settled
-    unindexed: str  # a state test that no index answers (a cascade starts from its edges)
+    unindexed: str  # a state test that no index answers (a cascade starts from its edges, a batch from its ids)
     like: str  # a case-insensitive LIKE
     lock_row: str  # locks the rows a SELECT reads until the transaction ends
 
@@ -614,7 +614,7 @@ def build(d: Dialect, w: Written) -> Statements:
             "OR parent IN [:ids::bigint] ORDER BY child, parent"
         ),
         IN_WORKFLOW=r("SELECT id FROM nbqueue_jobs WHERE workflow = :workflow ORDER BY id"),
-        **wait_statements(r, now, d.lock_row, d.wake, LIVE_CLAIM),
+        **wait_statements(r, now, d.lock_row, d.wake, d.unindexed, LIVE_CLAIM),
         # A stream keeps at most :bound bytes of its newest items (and always the newest one).
         TRIM_STREAM=r(
             "DELETE FROM nbqueue_stream WHERE job_id = :id AND attempt = :run AND seq <= (SELECT seq "

@@ -11,11 +11,15 @@ def wait_statements(
     now: str,
     lock_row: str,
     wake: str,
+    unindexed: str,
     LIVE_CLAIM: str,
 ) -> dict[str, str]:
     """Reaching a wait, suspending, sending and waking, rendered by `r` with the dialect's clock
-    (`now`), row lock and wake-up (statements.Dialect); `LIVE_CLAIM`: the condition that a
-    claim (:id, :attempt) still holds the job."""
+    (`now`), row lock, wake-up and state test that no index answers (statements.Dialect);
+    `LIVE_CLAIM`: the condition that a claim (:id, :attempt) still holds the job."""
+    # A batch's rows are found by their ids: the state index would make SQLite collect them
+    # first and write them in a second pass (the index it walks is the one the update changes).
+    running, waiting = "status = 'running'", "status = 'waiting'"
     return {
         # Jobs that wait: the claim (or the job) locked first, so a send and a suspension of the same
         # job run one after the other (storage/waits.py says why that loses no wake-up).
@@ -79,7 +83,7 @@ def wait_statements(
         # The same for jobs that wait alike (one attempt, one wake-up, no parents): a worker's batch.
         "SUSPEND_MANY": r(
             "UPDATE nbqueue_jobs SET status = 'waiting', run_at = :wake::bigint, lease_until = NULL, "
-            f"updated_at = {now}, parents_left = 0 WHERE id IN [:ids::bigint] AND status = 'running' "
+            f"updated_at = {now}, parents_left = 0 WHERE id IN [:ids::bigint] AND {unindexed.format(running)} "
             f"AND attempts = :attempt AND lease_until > {now} RETURNING id"
         ),
         "WAKE_SENT": r(
@@ -88,7 +92,7 @@ def wait_statements(
         ),
         "WAKE_SENT_MANY": r(
             f"UPDATE nbqueue_jobs SET status = 'pending', run_at = {now}, updated_at = {now} "
-            f"WHERE id IN [:ids::bigint] AND status = 'waiting' RETURNING id{wake}"
+            f"WHERE id IN [:ids::bigint] AND {unindexed.format(waiting)} RETURNING id{wake}"
         ),
         "WAKE_DUE": r(
             f"UPDATE nbqueue_jobs SET status = 'pending', updated_at = {now} WHERE id IN (SELECT id FROM "

@@ -39,11 +39,9 @@ def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
         completed = sorted([job_id for job_id, state, _ in level if state is State.COMPLETED])
         failed = {job_id: (state, root) for job_id, state, root in level if state is not State.COMPLETED}
         # (child, rule, count left, parent, parents): parent 0 stands for `parents` that completed
-        rows: list[tuple[int, str | None, int, int, int]] = []
-        if completed:
-            rows = [(c, r, n, 0, k) for c, r, n, k in tx(tx.sql.CHILDREN_COUNTED, {"ids": completed})]
+        rows = tx(tx.sql.CHILDREN_COUNTED, {"ids": completed}) if completed else []
         if failed:
-            rows += [(c, r, n, p, 1) for p, c, r, n in tx(tx.sql.CHILDREN_BLOCKED, {"ids": sorted(failed)})]
+            rows += tx(tx.sql.CHILDREN_BLOCKED, {"ids": sorted(failed)})
         known: dict[tuple[str | None, int, int, int], Change] = {}  # children alike are decided once
         counts: dict[int, int] = {}  # each child's count left so far in this level (-1: decided)
         next_level: list[Finished] = []

@@ -553,14 +553,15 @@ def build(d: Dialect, w: Written) -> Statements:
         # parents finishing at once queue up on the child, and no count-down is lost. Parents that
         # did not complete: a row per edge, as each passes on its own root cause.
         CHILDREN_BLOCKED=r(
-            f"SELECT e.parent, c.id, c.wait_when, c.parents_left FROM {children} WHERE e.parent IN "
+            f"SELECT c.id, c.wait_when, c.parents_left, e.parent, 1 FROM {children} WHERE e.parent IN "
             "[:ids::bigint] "
             f"AND {d.unindexed.format(blocked)} ORDER BY c.id, e.parent{d.lock_children}"
         ),
         # Parents that completed: a row per child, with how many of them are its parents (a fan-in's
-        # join is one row per batch of finished parents, not one per parent).
+        # join is one row per batch of finished parents, not one per parent). Both read as the
+        # cascade folds them: (child, rule, count left, parent or 0 for those completed, parents).
         CHILDREN_COUNTED=r(
-            "SELECT c.id, c.wait_when, c.parents_left, g.n FROM (SELECT e.child, count(*) AS n FROM "
+            "SELECT c.id, c.wait_when, c.parents_left, 0, g.n FROM (SELECT e.child, count(*) AS n FROM "
             "nbqueue_edges e WHERE e.parent IN [:ids::bigint] GROUP BY e.child) g "
             f"{d.ordered_join} nbqueue_jobs c ON c.id = g.child WHERE {d.unindexed.format(blocked)} "
             f"ORDER BY c.id{d.lock_children}"

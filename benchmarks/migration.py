@@ -6,7 +6,7 @@ SQLite: a schema-11 file is built the way nbqueue's `_apply_migrations` builds o
 of versions 1 to 11 in one write transaction, then user_version and application_id), filled
 with N jobs (70% completed, 25% pending, 5% dead, in three queues, some pending jobs holding a
 key) in one `executemany`, and checkpointed. Then `nbqueue.Queue(path)` is timed: it migrates
-to 12 (the CHECK on status widened in place, `_widen_states`, then the version-12 script, which
+to 12 (the CHECK on status widened in place, `_edit_check`, then the version-12 script, which
 builds two partial indexes). For comparison, a copy of the same schema-11 file gets the full
 table rebuild version 6 did (a new table with the widened CHECK, every row copied, the old one
 dropped, the new one renamed, its indexes and triggers made again).
@@ -191,16 +191,16 @@ def sqlite_case(folder: Path, n: int) -> dict[str, Any]:
     print(f"  schema-11 file: {n:,} jobs, {size_v11:,.1f} MiB (built {built:.2f} s, filled {filled:.1f} s)")
 
     widen = [0.0]
-    original = sqlite_storage._widen_states
+    original = sqlite_storage._edit_check
 
-    def timed_widen(conn: sqlite3.Connection) -> None:
-        widen[0] = timed(lambda: original(conn))[1]
+    def timed_widen(conn: sqlite3.Connection, old: str, new: str) -> None:
+        widen[0] += timed(lambda: original(conn, old, new))[1]
 
-    sqlite_storage._widen_states = timed_widen
+    sqlite_storage._edit_check = timed_widen
     try:
         q, opened = timed(lambda: nbqueue.Queue(path))
     finally:
-        sqlite_storage._widen_states = original
+        sqlite_storage._edit_check = original
     try:
         waiting = check_waiting_row(q)
     finally:
@@ -211,14 +211,14 @@ def sqlite_case(folder: Path, n: int) -> dict[str, Any]:
     integrity, checked = timed(lambda: conn.execute("PRAGMA integrity_check").fetchone()[0])
     table = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'nbqueue_jobs'").fetchone()[0]
     conn.close()
-    assert version == sql.SCHEMA_VERSION and integrity == "ok" and sql.WIDENED in table
+    assert version == sql.SCHEMA_VERSION and integrity == "ok" and sql.COMPARED_STATES in table
     size_v12 = mib(path)
     print(
-        f"  nbqueue.Queue(path), migrating 11 -> 12: {opened:.2f} s (of it, widening the CHECK in place: "
-        f"{widen[0] * 1e3:.2f} ms; the rest is the version-12 script: two partial indexes built by a "
-        "scan of the table)"
+        f"  nbqueue.Queue(path), migrating 11 -> {version}: {opened:.2f} s (of it, editing the CHECK in place "
+        f"(versions 12 and 15): {widen[0] * 1e3:.2f} ms; the rest is mostly the version-12 script: two "
+        "partial indexes built by a scan of the table)"
     )
-    print(f"  opening it again (already 12, no migration): {reopened * 1e3:.1f} ms")
+    print(f"  opening it again (already {version}, no migration): {reopened * 1e3:.1f} ms")
     print(
         f"  after: user_version {version}, PRAGMA integrity_check {integrity} ({checked:.1f} s), a job "
         f"suspended into 'waiting' (counted {waiting}) then sent to and completed; file {size_v12:,.1f} MiB"

@@ -378,7 +378,7 @@ def one_node(node: str, value: str) -> Any:
 
 def test_two_unnamed_graphs_are_not_taken_for_one(queue: Queue) -> None:
     first = enqueue_graph(queue, one_node("a", "one"), {"draft": "", "log": []})
-    enqueue_graph(queue, one_node("a", "one again"), {"draft": "", "log": []})  # redefined: replaces
+    again = enqueue_graph(queue, one_node("a", "one again"), {"draft": "", "log": []})  # redefined: replaces
     with pytest.raises(
         nbqueue.InvalidArgument, match=r"nodes __start__, a\) already runs as 'langgraph.LangGraph'"
     ):
@@ -387,6 +387,7 @@ def test_two_unnamed_graphs_are_not_taken_for_one(queue: Queue) -> None:
     with queue.worker(**QUICK):
         assert named.result(timeout=20)["draft"] == "two"
         assert first.result(timeout=20)["draft"] == "one again"  # the newer definition ran
+        assert again.result(timeout=20)["draft"] == "one again"  # (waited for: none is left running)
     assert queue.counts()["pending"] == 0
 
 

@@ -15,7 +15,9 @@ from psycopg import sql as pg_sql
 
 import nbqueue
 from nbqueue.clock import ManualClock
+from nbqueue.jobs import State
 from nbqueue.storage import postgres_queries, sqlite_queries
+from nbqueue.storage.sqlite import _edit_check
 
 OLD_ROW = (
     "INSERT INTO {t} (status, queue, payload, max_retries, run_at, created_at, updated_at) "
@@ -28,6 +30,8 @@ def sqlite_at(path: Path, version: int) -> None:
     """A SQLite queue file as nbqueue left it at schema `version`, holding two jobs."""
     conn = sqlite3.connect(path, isolation_level=None)
     for v in range(1, version + 1):
+        if v in sqlite_queries.CHECK_EDITS:  # as nbqueue edits the CHECK on status before the script
+            _edit_check(conn, *sqlite_queries.CHECK_EDITS[v])
         conn.executescript(sqlite_queries.MIGRATIONS[v])
     conn.execute(f"PRAGMA user_version = {version}")
     conn.execute(f"PRAGMA application_id = {sqlite_queries.APPLICATION_ID}")
@@ -214,3 +218,26 @@ def test_a_fresh_queue_is_at_the_latest_version_on_both_backends(
 def sqlite_objects(conn: sqlite3.Connection) -> set[tuple[str, str]]:
     rows = conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall()
     return {(kind, name) for kind, name in rows}
+
+
+def test_the_check_on_status_takes_exactly_the_states_after_its_edit(tmp_path: Path) -> None:
+    """Version 15 writes the CHECK on status as comparisons, not a list (a list of constants
+    built a small table in every statement that wrote a state), in place: an upgraded file and
+    a new one take every state and refuse any other text."""
+    upgraded, fresh = tmp_path / "old.db", tmp_path / "fresh.db"
+    sqlite_at(upgraded, 14)
+    for path in (upgraded, fresh):
+        with nbqueue.Queue(path) as q:
+            job = q.enqueue({"n": 1})
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            (table,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'nbqueue_jobs'").fetchone()
+            assert sqlite_queries.COMPARED_STATES in table and sqlite_queries.LISTED_STATES not in table
+            for state in State:
+                conn.execute("UPDATE nbqueue_jobs SET status = ?, started_at = 0 WHERE id = ?", (state.value, job.id))
+            for wrong in ("finished", "Pending", "pending "):
+                with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+                    conn.execute("UPDATE nbqueue_jobs SET status = ? WHERE id = ?", (wrong, job.id))
+            assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        finally:
+            conn.close()

@@ -354,8 +354,8 @@ class SQLiteStorage(SqlStorage):
     def _apply_migrations(self, conn: sqlite3.Connection) -> None:
         version = self._version(conn)  # re-read under the write lock
         for target in sorted(v for v in sql.MIGRATIONS if v > version):
-            if target == sql.WIDEN_STATES_AT:
-                _widen_states(conn)
+            if target in sql.CHECK_EDITS:
+                _edit_check(conn, *sql.CHECK_EDITS[target])
             for statement in _split_sql(sql.MIGRATIONS[target]):
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {int(target)}")
@@ -577,19 +577,20 @@ def _insert_row(j: NewJob, now: int) -> tuple[Any, ...]:
     return (*_new_values(j), run_at, now, now)
 
 
-def _widen_states(conn: sqlite3.Connection) -> None:
-    """Allow the state `waiting` in the CHECK on status without rebuilding the table: SQLite's
-    documented way to loosen a constraint (https://sqlite.org/lang_altertable.html, "otheralter")
-    edits the table's stored definition and bumps the schema cookie, so every connection, this
-    one too, reads it again. No row changes, so a queue of millions migrates at once; the
-    transaction around it keeps a crash from leaving half of it."""
+def _edit_check(conn: sqlite3.Connection, old: str, new: str) -> None:
+    """Edit the CHECK on status (`old` text to `new`: version 12 allows the state `waiting`,
+    version 15 compares instead of listing) without rebuilding the table: SQLite's documented
+    way to change a constraint that every row meets (https://sqlite.org/lang_altertable.html,
+    "otheralter") edits the table's stored definition and bumps the schema cookie, so every
+    connection, this one too, reads it again. No row changes, so a queue of millions migrates
+    at once; the transaction around it keeps a crash from leaving half of it."""
     cookie = int(conn.execute("PRAGMA schema_version").fetchone()[0])
     conn.execute("PRAGMA writable_schema = ON")
     try:
         conn.execute(
             "UPDATE sqlite_master SET sql = replace(sql, :old, :new) "
             "WHERE type = 'table' AND name = 'nbqueue_jobs' AND instr(sql, :new) = 0",
-            {"old": sql.LAST_STATE_BEFORE_12, "new": sql.WIDENED},
+            {"old": old, "new": new},
         )
         conn.execute(f"PRAGMA schema_version = {int(cookie + 1)}")
     finally:

@@ -214,8 +214,8 @@ def sqlite_case(folder: Path, n: int) -> dict[str, Any]:
     assert version == sql.SCHEMA_VERSION and integrity == "ok" and sql.COMPARED_STATES in table
     size_v12 = mib(path)
     print(
-        f"  nbqueue.Queue(path), migrating 11 -> {version}: {opened:.2f} s (of it, editing the CHECK in place "
-        f"(versions 12 and 15): {widen[0] * 1e3:.2f} ms; the rest is mostly the version-12 script: two "
+        f"  nbqueue.Queue(path), migrating 11 -> {version}: {opened:.2f} s (of it, editing the CHECK in "
+        f"place (versions 12 and 15): {widen[0] * 1e3:.2f} ms; the rest is mostly the version-12 script: two "
         "partial indexes built by a scan of the table)"
     )
     print(f"  opening it again (already {version}, no migration): {reopened * 1e3:.1f} ms")

@@ -234,7 +234,8 @@ def test_the_check_on_status_takes_exactly_the_states_after_its_edit(tmp_path: P
             (table,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'nbqueue_jobs'").fetchone()
             assert sqlite_queries.COMPARED_STATES in table and sqlite_queries.LISTED_STATES not in table
             for state in State:
-                conn.execute("UPDATE nbqueue_jobs SET status = ?, started_at = 0 WHERE id = ?", (state.value, job.id))
+                taken = (state.value, job.id)
+                conn.execute("UPDATE nbqueue_jobs SET status = ?, started_at = 0 WHERE id = ?", taken)
             for wrong in ("finished", "Pending", "pending "):
                 with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
                     conn.execute("UPDATE nbqueue_jobs SET status = ? WHERE id = ?", (wrong, job.id))

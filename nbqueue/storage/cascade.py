@@ -46,6 +46,11 @@ def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
         counts: dict[int, int] = {}  # each child's count left so far in this level (-1: decided)
         next_level: list[Finished] = []
         released: dict[int, list[int]] = {}  # children let go, by the count they have left
+        child: int
+        rule: str | None
+        stored: int
+        parent: int
+        parents: int
         for child, rule, stored, parent, parents in rows:
             left = counts.get(child, stored)
             if left < 0:  # decided already by an earlier parent in this level

@@ -74,7 +74,7 @@ class Dialect:
     spawned_index: str  # the index hint for walking spawned_by
     lock_children: str  # locks a cascade's children (c) while it counts them down
     lock_parents: str  # holds a re-armed job's parents (p) while it is settled
-    unindexed: str  # a state test that no index answers (a cascade starts from its edges, a batch from its ids)
+    unindexed: str  # a state test no index answers (a cascade starts from its edges, a batch from ids)
     like: str  # a case-insensitive LIKE
     lock_row: str  # locks the rows a SELECT reads until the transaction ends
 

@@ -83,8 +83,8 @@ def wait_statements(
         # The same for jobs that wait alike (one attempt, one wake-up, no parents): a worker's batch.
         "SUSPEND_MANY": r(
             "UPDATE nbqueue_jobs SET status = 'waiting', run_at = :wake::bigint, lease_until = NULL, "
-            f"updated_at = {now}, parents_left = 0 WHERE id IN [:ids::bigint] AND {unindexed.format(running)} "
-            f"AND attempts = :attempt AND lease_until > {now} RETURNING id"
+            f"updated_at = {now}, parents_left = 0 WHERE id IN [:ids::bigint] "
+            f"AND {unindexed.format(running)} AND attempts = :attempt AND lease_until > {now} RETURNING id"
         ),
         "WAKE_SENT": r(
             f"UPDATE nbqueue_jobs SET status = 'pending', run_at = {now}, updated_at = {now} "

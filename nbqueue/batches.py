@@ -22,7 +22,7 @@ from .inbox import Peek
 if TYPE_CHECKING:
     from .jobs import Job
     from .manager import JobManager
-    from .storage import ClaimRequest
+    from .storage import ClaimRequest, Row
 
 log = logging.getLogger("nbqueue.worker")
 
@@ -64,8 +64,9 @@ class Batch:
         self._since = None if not self.waiting else self._since
         return done
 
-    def load(self, jobs: list[Job]) -> bool:
+    def load(self, jobs: list[Job], peeked: list[Row] | None = None) -> bool:
         """Claimed jobs to run next (the caller holds `lock`); True if some must wait their turn.
+        `peeked`: their waits, if read with the claim (inbox.Peek reads them otherwise).
 
         The size of the next claim follows how quick the jobs just run were."""
         started, count = self._loaded
@@ -76,7 +77,7 @@ class Batch:
         if not jobs:  # idle: whatever comes next is taken one at a time until it proves quick
             self.size = 1
         self._loaded = (now, len(jobs))
-        self.peek = Peek([job.id for job in jobs]) if len(jobs) > 1 else None
+        self.peek = Peek([job.id for job in jobs], peeked) if len(jobs) > 1 else None
         self.waiting.extend(jobs)
         if len(jobs) > 1 and self._since is None:
             self._since = now
@@ -110,11 +111,12 @@ class Batch:
         with self.lock:
             done = self.take_done()
             try:
-                flags, claimed = manager.finish_batch(done, then_claim, self.size if then_claim else 0)
+                claims = self.size if then_claim else 0
+                flags, claimed, peeked = manager.finish_batch(done, then_claim, claims)
             except BaseException:
                 self.done[:0] = done  # nothing was written: they go with the next try
                 raise
-            return done, flags, self.load(claimed)
+            return done, flags, self.load(claimed, peeked)
 
     def settle(
         self, manager: JobManager, overdue_at: float | None = None

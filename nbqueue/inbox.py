@@ -47,6 +47,9 @@ class Inbox:
     def __init__(self, storage: Storage, get_many: Callable[[Sequence[int]], list[Job]]) -> None:
         self.storage = storage
         self._get_many = get_many
+        # The tasks whose jobs reached a wait in this process: a batch of their jobs reads its
+        # waits with its claim. Replaced, never changed, so a reader needs no lock.
+        self.waiting_tasks: frozenset[str] = frozenset()
 
     def reach(
         self, job: Job, wait: WaitSpec, peek: Peek | None = None, steps: StepBook | None = None
@@ -58,6 +61,8 @@ class Inbox:
         ahead) opens a transaction here. A jobs wait whose jobs are done gets their (status,
         result, error) rows, as JSON, for `wait_for_jobs`. `steps`: the run's step book (a step
         it recorded may not share the wait's name)."""
+        if job.task is not None and job.task not in self.waiting_tasks:
+            self.waiting_tasks |= {job.task}
         if wait.kind != "jobs":
             rows = None if peek is None else peek.rows(self.storage, job.id)
             named = [
@@ -130,10 +135,10 @@ class Peek:
     wait that saw none suspends, and its suspension, written with the batch, finds the value
     and makes the job pending again at once."""
 
-    def __init__(self, job_ids: Sequence[int]) -> None:
+    def __init__(self, job_ids: Sequence[int], rows: Sequence[Row] | None = None) -> None:
         self.job_ids = list(job_ids)
         self._fresh = set(self.job_ids)  # the jobs whose rows as read are still right
-        self._rows: dict[int, list[Row]] | None = None
+        self._rows: dict[int, list[Row]] | None = None if rows is None else _by_job(rows)
         self._lock = threading.Lock()
 
     def rows(self, storage: Storage, job_id: int) -> list[Row] | None:
@@ -143,15 +148,20 @@ class Peek:
             if job_id not in self._fresh:
                 return None
             if self._rows is None:
-                self._rows = {}
-                for row in storage.peek_waits(self.job_ids):
-                    self._rows.setdefault(int(row[0]), []).append(row)
+                self._rows = _by_job(storage.peek_waits(self.job_ids))
             return self._rows.get(job_id, [])
 
     def forget(self, job_id: int) -> None:
         """The job writes its waits: its rows as read no longer count."""
         with self._lock:
             self._fresh.discard(job_id)
+
+
+def _by_job(rows: Sequence[Row]) -> dict[int, list[Row]]:
+    by_job: dict[int, list[Row]] = {}
+    for row in rows:
+        by_job.setdefault(int(row[0]), []).append(row)
+    return by_job
 
 
 def open_wait(rows: Sequence[WaitRow]) -> WaitRow | None:

@@ -290,7 +290,7 @@ class JobManager:
 
     def complete(self, job: Job, result: Any, output: str | None = None) -> None:
         """Record success under the claim (LeaseLost if the claim was lost)."""
-        [done], _ = self.finish_batch([(job, self.completion(job, result, output))], None, 0)
+        [done], *_ = self.finish_batch([(job, self.completion(job, result, output))], None, 0)
         if not done:
             raise self._lease_lost(job, "complete")
 
@@ -312,10 +312,11 @@ class JobManager:
         done: Sequence[tuple[Job, Completion | Suspension]],
         then_claim: ClaimRequest | None,
         claims: int,
-    ) -> tuple[list[bool], list[Job]]:
+    ) -> tuple[list[bool], list[Job], list[Row] | None]:
         """Record the successes and suspensions of `done` (True each, False where the claim was
         lost) and claim up to `claims` more jobs, in one transaction where the storage allows (a
-        worker's batch)."""
+        worker's batch); with them, the claimed jobs' waits when the storage read them there
+        (their tasks have reached waits in this process: Inbox.waiting_tasks)."""
         then_claim = None if then_claim is None else mine(then_claim)
         limited = then_claim is not None and self._limits_matter(then_claim.where)
         completions = [(job, c) for job, c in done if isinstance(c, Completion)]
@@ -324,8 +325,13 @@ class JobManager:
         decide = functools.partial(self._choose, unfit=unfit) if limited else None
         if limited:
             self._limits_open_at = None  # set again only if the limits hold every job back
-        written, rows, now = self.storage.finish_batch(
-            [completion for _, completion in completions], then_claim, claims, suspended, decide
+        written, rows, now, peeked = self.storage.finish_batch(
+            [completion for _, completion in completions],
+            then_claim,
+            claims,
+            suspended,
+            decide,
+            self.inbox.waiting_tasks,
         )
         completed, waits = iter(written[: len(completions)]), iter(written[len(completions) :])
         flags = [next(waits) if isinstance(c, Suspension) else next(completed) for _, c in done]
@@ -340,13 +346,13 @@ class JobManager:
                 )
                 job.lease_until, job.finished_at, job.updated_at = None, finished, finished
         if then_claim is None or not claims:
-            return flags, []
+            return flags, [], None
         for row in rows:
             if row.id in unfit:
                 log.warning("%s: dead", unfit[row.id])
                 self.storage.bury(row.id, unfit[row.id])
         decoded = (self._decode_or_bury(row, then_claim) for row in rows if row.id not in unfit)
-        return flags, [claimed for claimed in decoded if claimed is not None]
+        return flags, [claimed for claimed in decoded if claimed is not None], peeked
 
     def fail(
         self,

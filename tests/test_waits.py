@@ -858,6 +858,51 @@ def test_a_value_sent_to_a_job_claimed_in_the_same_batch_after_its_waits_were_re
     assert queue.counts()["waiting"] == 0
 
 
+def test_a_batch_of_a_waiting_task_s_jobs_reads_their_waits_with_its_claim(
+    queue: Queue, backend: str
+) -> None:
+    """Once a task's job has reached a wait in this process, a worker's batch of its jobs reads
+    their waits in the transaction that claims them (SQLite: a read of its own after the commit
+    costs three times as much; PostgreSQL reads when the first needs them, a round trip either
+    way). What they read is the same: values sent ahead are returned at once, in one run."""
+    runs: Counter[int] = Counter()
+
+    @queue.task(name="w.claimed_with_waits")
+    def ask(n: int) -> Any:
+        runs[n] += 1
+        return [n, nbqueue.wait_for("go")]
+
+    storage = queue.manager.storage
+    read_alone, peeked = Counter[int](), Counter[bool]()
+    peek_waits, finish_batch = storage.peek_waits, storage.finish_batch
+
+    def counted_read(job_ids: Any) -> Any:  # the real read, counted by how many jobs it reads
+        read_alone[len(job_ids)] += 1
+        return peek_waits(job_ids)
+
+    def counted_batch(*args: Any) -> Any:  # the real batch, counted by whether it read the waits
+        written = finish_batch(*args)
+        peeked[written[3] is not None] += 1
+        return written
+
+    first = ask.enqueue(-1)
+    worker = queue.worker(concurrency=1, **QUICK)  # started by each run_until_idle, then stopped
+    worker.run_until_idle(timeout=10)  # the task reaches a wait: this process now knows it waits
+    assert status(queue, first) == "waiting"
+    jobs = ask.map(range(40))
+    assert queue.send_many(jobs[::2], "go", "ahead") == 0  # kept: they are pending
+    storage.peek_waits, storage.finish_batch = counted_read, counted_batch  # type: ignore[method-assign]
+    worker.run_until_idle(timeout=10)
+    assert [runs[n] for n in range(40)] == [1] * 40  # the values sent ahead: no job ran twice
+    assert [status(queue, job) for job in jobs] == ["completed", "waiting"] * 20
+    assert [job.result(timeout=0) for job in jobs[::2]] == [[n, "ahead"] for n in range(0, 40, 2)]
+    many = sum(count for size, count in read_alone.items() if size > 1)
+    if backend == "sqlite":
+        assert peeked[True] >= 1 and many == 0  # each batch of several read them with its claim
+    else:
+        assert peeked[True] == 0 and many >= 1
+
+
 def test_jobs_claimed_together_record_each_their_own_wait(queue: Queue) -> None:
     """Sixty jobs claimed in batches reach waits of three names, half with a deadline: each row
     is its job's (prompt, deadline), and each job resumes with its own value."""

@@ -15,7 +15,7 @@ None). Rows are tuples of the job columns in `nbqueue.jobs.COLUMNS` order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -332,12 +332,15 @@ class Storage(CheckpointStorage, Protocol):
         claims: int,
         suspended: Sequence[Suspension] = (),
         decide: Decide | None = None,
-    ) -> tuple[list[bool], list[JobRow], int | None]:
+        peek: Collection[str] = (),
+    ) -> tuple[list[bool], list[JobRow], int | None, list[Row] | None]:
         """Complete `done` and write the `suspended` runs' waits (each True, or False if its lease
         was lost: the completions' flags, then the suspensions'), then claim up to `claims` jobs
         one by one in claim order (as that many claims would; under limits, weighed by `decide`
-        as `claim_limited` does), in one transaction where the backend can; and the time it
-        stamped (None: the server's)."""
+        as `claim_limited` does), in one transaction where the backend can; the time it
+        stamped (None: the server's); and, when several jobs are claimed and one is of a task
+        in `peek` (tasks whose jobs reach waits), their `peek_waits` rows read in the same
+        transaction, where that costs less than a read of its own (None: not read)."""
         ...
 
     def fail(

@@ -18,7 +18,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -215,9 +215,8 @@ class PostgresStorage(SqlStorage):
     # -- connections -----------------------------------------------------------
 
     def _connect(self, autocommit: bool = False, kernel: bool = False) -> psycopg.Connection[Any]:
-        # "normal" keeps the server's own synchronous_commit (on, unless a DBA chose
-        # otherwise): an acknowledged job survives a crash of the server too. "full" asks
-        # for it explicitly, whatever the server's default.
+        # "normal" keeps the server's own synchronous_commit (on, unless a DBA chose otherwise): an
+        # acknowledged job survives a crash of the server too. "full" asks for it in any case.
         settings = dict(self._name)
         if self.synchronous == "full":  # added to the URL's own options, if it has some
             settings["options"] = f"{self._options} -c synchronous_commit=on".strip()
@@ -528,12 +527,13 @@ class PostgresStorage(SqlStorage):
         claims: int,
         suspended: Waits = (),
         decide: Decide | None = None,
-    ) -> tuple[list[bool], list[JobRow], int | None]:
+        peek: Collection[str] = (),
+    ) -> tuple[list[bool], list[JobRow], int | None, list[Row] | None]:
         written = self.suspend(suspended)  # the runs that now wait: a transaction of their own
         flags, taken, now = self._finish_batch(done, None if decide else then_claim, claims)
         if decide is not None and then_claim is not None:  # under limits: a transaction of their own
             taken = self.claim_limited(then_claim, decide, claims)
-        return flags + written, taken, now
+        return flags + written, taken, now, None  # (peek: a read here would be a round trip too)
 
     def _finish_batch(
         self, done: Sequence[Completion], then_claim: ClaimRequest | None, claims: int

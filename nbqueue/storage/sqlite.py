@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, TypeVar
@@ -394,29 +394,37 @@ class SQLiteStorage(SqlStorage):
         claims: int,
         suspended: Sequence[Suspension] = (),
         decide: Decide | None = None,
-    ) -> tuple[list[bool], list[JobRow], int | None]:
+        peek: Collection[str] = (),
+    ) -> tuple[list[bool], list[JobRow], int | None, list[Row] | None]:
         now = self.stamp()
         linked: list[int] = []
 
-        def work(conn: sqlite3.Connection) -> tuple[list[bool], list[JobRow]]:
+        def work(conn: sqlite3.Connection) -> tuple[list[bool], list[JobRow], list[Row] | None]:
             flags = _complete_all(conn, done, now, linked)
             if suspended:  # the batch's runs that now wait, in the same commit
                 flags += waits.suspend_all(_tx(conn), suspended, now)
             # The next claims ride in the same commit.
             if then_claim is None or not claims or then_claim.where.matches_nothing:
-                return flags, []
+                return flags, [], None
             where, params = then_claim.where, {**self._claim_params(then_claim), "now": now}
             if decide is not None:  # under limits: each job weighed as its own claim would be
                 heads = sql.SQL.HEADS_IN_ANY_QUEUE if where.queues is None else sql.SQL.HEADS_IN_QUEUES
-                return flags, limited.take(_tx(conn), heads, params, decide, claims)
-            first = _claim(conn, where, params)
-            more = [] if first is None else _claim_more(conn, where, params, first, claims - 1)
-            return flags, [] if first is None else [first, *more]
+                taken = limited.take(_tx(conn), heads, params, decide, claims)
+            else:
+                first = _claim(conn, where, params)
+                more = [] if first is None else _claim_more(conn, where, params, first, claims - 1)
+                taken = [] if first is None else [first, *more]
+            # Their waits, if they may reach some: in this transaction a third of what a read of
+            # its own costs after the commit (a cold start: measured 85 against 200 us a batch).
+            if len(taken) > 1 and any(row.task in peek for row in taken):
+                ids = {"ids": [row.id for row in taken]}
+                return flags, taken, conn.execute(sql.SQL.PEEK_WAITS, _bind(ids)).fetchall()
+            return flags, taken, None
 
-        flags, taken = self._write(work)
+        flags, taken, peeked = self._write(work)
         if linked or suspended:  # children they let go may be due now (or a job sent a value)
             self.notify()
-        return flags, taken, now
+        return flags, taken, now, peeked
 
     def _deleted(self, statement: str, params: Params) -> int:
         return self._write(lambda conn: conn.execute(statement, _bind(params)).rowcount)

@@ -129,7 +129,8 @@ class Inbox:
 
 class Peek:
     """The waits and steps of jobs claimed together, read once for all of them when the first
-    reaches a wait: one read per batch where each job read its own. What was read stays right
+    reaches a wait, or with their claim when their task is known to wait (`rows`, on SQLite):
+    one read per batch where each job read its own. What was read stays right
     while the claims live, but for what a job writes itself (its steps: StepBook.written; a
     wait written in its own transaction: the job reads afresh after) and values sent since: a
     wait that saw none suspends, and its suspension, written with the batch, finds the value

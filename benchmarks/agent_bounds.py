@@ -7,8 +7,9 @@ costs ~1 µs a call). Medians of interleaved rounds, on the code as it is:
 - the fan-out + fan-in: the cascade (`storage.cascade.resolve`), the root's release of its N
   leaves (one `UNBLOCK_MANY`) apart from the join's count-down, once per batch of leaves;
 - the wait cycle (`wait_for` + `send_many` + resume): each phase next to a plain drain, and inside
-  them the wait's read (`peek_waits`, once per batch), its reach (`Inbox.reach`), the
-  suspensions written with each batch (`waits.suspend_all`) and the sends (`storage.send`).
+  them the wait's read (with the batch's claim, `sqlite._peeked`, once the task is known to wait;
+  `peek_waits` before that), its reach (`Inbox.reach`), the suspensions written with each batch
+  (`waits.suspend_all`) and the sends (`storage.send`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import bench
 
 from nbqueue import inbox
 from nbqueue.storage import cascade, sql, statements, waits
+from nbqueue.storage import sqlite as sqlite_storage
 
 N = 3_000
 ROUNDS = 5
@@ -105,7 +107,8 @@ def fan_out(folder: Path) -> dict[str, float]:
 def wait_cycle(folder: Path) -> dict[str, float]:
     spent: Counter[str] = Counter()
     targets = {
-        "    the wait's read (peek_waits)": (sql.SqlStorage, "peek_waits"),
+        "    the wait's read, with the claim (_peeked)": (sqlite_storage, "_peeked"),
+        "    the wait's read, alone (peek_waits)": (sql.SqlStorage, "peek_waits"),
         "    reaching it (Inbox.reach, with the read)": (inbox.Inbox, "reach"),
         "    suspensions written (suspend_all)": (waits, "suspend_all"),
     }

@@ -280,8 +280,8 @@ MIGRATIONS: dict[int, list[str]] = {
         "kind TEXT NOT NULL, value BYTEA NOT NULL, path TEXT NOT NULL, "
         "PRIMARY KEY (thread, ns, checkpoint, task, idx))",
     ],
-    # SQLite's version 15 reorders a trigger's tests; PostgreSQL evaluates a trigger's WHEN before
-    # it calls the function, once per row, at no such cost: nothing changes here.
+    # SQLite's version 15 reorders a trigger's tests and writes the CHECK on status as comparisons
+    # (its lists of constants built a table each time); PostgreSQL builds nothing for either.
     15: [],
 }
 

@@ -246,6 +246,34 @@ def test_runs_side_by_side_in_one_job_each_get_their_own_steps_back(queue: Queue
     ]
 
 
+def test_a_run_records_as_gone_past_only_its_own_failures(queue: Queue) -> None:
+    """Runs side by side in one job: a failure one run noted is recorded (and replayed by every
+    later run of the job) only when that run starts another operation, never when the run beside
+    it does. (Recorded by Paris's next request, Oslo's one ConnectionError failed every retry the
+    same way and the job died: seen under load in the test above.)"""
+    from nbqueue import context
+    from nbqueue.integrations.pydantic_ai import engine
+
+    oslo, paris = ("weather", "run-oslo"), ("weather", "run-paris")
+
+    @queue.task(name="pa.own_failures")
+    async def runs_side_by_side() -> list[list[str]]:
+        running = context.current()
+        assert running is not None
+        job_id = running.job.id
+        engine._note_failure(oslo, "weather run 2: model request 2", ConnectionError("hung up"), [])
+        await engine._record_passed_failures(paris)  # Paris goes on: Oslo's failure stays Oslo's
+        after_paris = steps(queue, queue.get(job_id))
+        await engine._record_passed_failures(oslo)  # Oslo goes on past it: recorded
+        return [after_paris, steps(queue, queue.get(job_id))]
+
+    job = runs_side_by_side.enqueue()
+    with queue.worker(**QUICK):
+        assert job.result(timeout=20) == [[], ["weather run 2: model request 2"]]
+    [row] = queue.steps(job).to_dict("records")
+    assert row["value"]["failed"] == {"builtin": "ConnectionError", "args": ["hung up"]}
+
+
 # -- b. a worker process killed mid-run ------------------------------------------------------------
 
 

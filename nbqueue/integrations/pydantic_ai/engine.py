@@ -56,7 +56,7 @@ from ...errors import NbqueueError, Unretryable
 from ...streams import emit
 from ...suspend import Suspended
 from . import waits
-from .names import job_run, run_label, step_name
+from .names import AgentRun, job_run, run_label, step_name
 
 _FAILED = "failed"  # the key of a recorded failure in its step's value
 _SIMPLE = (str, int, float, bool, type(None))  # a builtin error's arguments that are recorded
@@ -88,7 +88,9 @@ class JobStepBackend(CallableOperationBackend[None]):
         if job_context.current() is None:  # (the capability sends nothing here outside a job)
             return await body()
         named = step_name(self.agent, operation_id, name, cache_key)
-        await _record_passed_failures()
+        ctx = next((part for part in cache_key if isinstance(part, RunContext)), None)
+        agent_run = (self.agent, None if ctx is None else ctx.run_id)
+        await _record_passed_failures(agent_run)
         # A model request emits its text as it streams: the items are kept with its value and
         # emitted again when the step replays, so every run of the job emits the same in order.
         streams = isinstance(operation_id, ModelRequestId)
@@ -102,7 +104,7 @@ class JobStepBackend(CallableOperationBackend[None]):
             try:
                 value = await body()
             except Exception as error:
-                _note_failure(named, error, items)
+                _note_failure(agent_run, named, error, items)
                 raise
             finally:
                 _EMITTED.reset(token)
@@ -132,20 +134,21 @@ class JobStepBackend(CallableOperationBackend[None]):
 # are not recorded: a later run calls those again, as it does any step.
 
 
-def _note_failure(name: str, error: Exception, emitted: list[Any]) -> None:
-    """Keep `error`, raised by the step `name`, to be recorded if the run goes on past it."""
+def _note_failure(agent_run: AgentRun, name: str, error: Exception, emitted: list[Any]) -> None:
+    """Keep `error`, raised by the step `name`, to be recorded if its agent run goes on past it."""
     if isinstance(error, NbqueueError) or streamed_before_failing(error) is not None:
         return  # nbqueue refused (a lost claim, a value not JSON), or a stream that had started
     encoded = _encode_failure(error)
     if encoded is not None:
         _, run = job_run()
-        run.failed(name, {_FAILED: encoded, "emitted": emitted})
+        run.failed(agent_run, name, {_FAILED: encoded, "emitted": emitted})
 
 
-async def _record_passed_failures() -> None:
-    """Record the failures this run went past (called as it starts another operation)."""
+async def _record_passed_failures(agent_run: AgentRun) -> None:
+    """Record the failures `agent_run` went past (called as it starts another operation; a run
+    beside it going on is not this one going past its failure)."""
     _, run = job_run()
-    for name, value in run.take_failed().items():
+    for name, value in run.take_failed(agent_run).items():
 
         async def failure(value: dict[str, Any] = value) -> dict[str, Any]:
             return value

@@ -35,16 +35,18 @@ from pydantic_ai.tools import RunContext
 
 from ... import context as job_context
 
+AgentRun = tuple[str, str | None]  # (agent, its run's id): one agent run of a job
+
 
 class JobRun:
-    """What one run of one job has numbered so far, and the failures it may yet go past (shared
-    by the job's agents, their runs and the job's threads)."""
+    """What one run of one job has numbered so far, and the failures its agent runs may yet go
+    past (shared by the job's agents, their runs and the job's threads)."""
 
     def __init__(self) -> None:
         self._counts: Counter[str] = Counter()
         self._agent_runs: dict[tuple[str, str], int] = {}  # (agent, run_id) -> which run of the agent
         self._tools: dict[tuple[str, int, str], int] = {}  # (label, response's index, call id) -> number
-        self._failed: dict[str, dict[str, Any]] = {}
+        self._failed: dict[AgentRun, dict[str, dict[str, Any]]] = {}
         self._lock = threading.Lock()  # a job's threads (sync tools, run_sync) share it
 
     def next(self, key: str) -> int:
@@ -87,16 +89,16 @@ class JobRun:
                     ]
             return {call.tool_call_id: self._tools[(label, index, call.tool_call_id)] for call in calls}
 
-    def failed(self, name: str, value: dict[str, Any]) -> None:
-        """Keep the value that records the failure of the step `name` (engine.py)."""
+    def failed(self, agent_run: AgentRun, name: str, value: dict[str, Any]) -> None:
+        """Keep the value that records the failure of the step `name` of `agent_run` (engine.py)."""
         with self._lock:
-            self._failed[name] = value
+            self._failed.setdefault(agent_run, {})[name] = value
 
-    def take_failed(self) -> dict[str, dict[str, Any]]:
-        """The failures kept so far, forgotten here."""
+    def take_failed(self, agent_run: AgentRun) -> dict[str, dict[str, Any]]:
+        """The failures of `agent_run` kept so far, forgotten here (another run's stay: runs side
+        by side in one job go past only their own)."""
         with self._lock:
-            taken, self._failed = self._failed, {}
-            return taken
+            return self._failed.pop(agent_run, {})
 
 
 _runs: dict[int, JobRun] = {}

@@ -372,7 +372,7 @@ WIDENED = "'upstream_failed', 'waiting')"
 LISTED_STATES = f"CHECK ({status_in(State)})"  # (`waiting`, the last state, as 12 appended it)
 COMPARED_STATES = f"CHECK ({' OR '.join(f'status = {state.value!r}' for state in State)})"
 #: Edits of the CHECK on status (the table's stored text, before the version's script runs): no
-#: row is rewritten (storage.sqlite.edit_check).
+#: row is rewritten (storage.sqlite._edit_check).
 CHECK_EDITS = {12: (LAST_STATE_BEFORE_12, WIDENED), 15: (LISTED_STATES, COMPARED_STATES)}
 
 RETURNING_JOB = f"RETURNING {JOB_COLUMNS}"

@@ -56,7 +56,7 @@ from ...errors import NbqueueError, Unretryable
 from ...streams import emit
 from ...suspend import Suspended
 from . import waits
-from .names import AgentRun, job_run, run_label, step_name
+from .names import AgentRun, job_run, run_context, run_label, step_name
 
 _FAILED = "failed"  # the key of a recorded failure in its step's value
 _SIMPLE = (str, int, float, bool, type(None))  # a builtin error's arguments that are recorded
@@ -88,7 +88,7 @@ class JobStepBackend(CallableOperationBackend[None]):
         if job_context.current() is None:  # (the capability sends nothing here outside a job)
             return await body()
         named = step_name(self.agent, operation_id, name, cache_key)
-        ctx = next((part for part in cache_key if isinstance(part, RunContext)), None)
+        ctx = run_context(cache_key)
         agent_run = (self.agent, None if ctx is None else ctx.run_id)
         await _record_passed_failures(agent_run)
         # A model request emits its text as it streams: the items are kept with its value and

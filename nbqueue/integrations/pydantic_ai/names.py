@@ -130,6 +130,11 @@ def run_label(agent: str, run_id: str | None) -> str:
     return agent if number == 1 else f"{agent} run {number}"
 
 
+def run_context(key: tuple[object, ...]) -> RunContext[Any] | None:
+    """The RunContext in an operation's cache key, if it has one: which agent run it belongs to."""
+    return next((part for part in key if isinstance(part, RunContext)), None)
+
+
 def step_name(
     agent: str, operation_id: DurableOperationId, journal_name: str, key: tuple[object, ...]
 ) -> str:
@@ -139,7 +144,7 @@ def step_name(
     in it tells which agent run, and for a tool call which tool and which call of which response.
     """
     _, run = job_run()
-    ctx = next((part for part in key if isinstance(part, RunContext)), None)
+    ctx = run_context(key)
     label = run_label(agent, ctx.run_id if ctx is not None else None)
     match operation_id:
         case ToolsetCallToolId() | ToolsetValidateToolArgumentsId():

@@ -210,12 +210,19 @@ def test_runs_side_by_side_in_one_job_each_get_their_own_steps_back(queue: Queue
             return ModelResponse(parts=[ToolCallPart("get_weather", {"city": city}, tool_call_id="w1")])
         return ModelResponse(parts=[TextPart(f"{city}: {tool_returns(messages)[0]}")])
 
-    async def slow_paris_on_the_retry(ctx: RunContext[None], request_context: Any) -> Any:
+    async def order_the_requests(ctx: RunContext[None], request_context: Any) -> Any:
         if calls["failed"] and ctx.prompt == "Paris":
-            await asyncio.sleep(0.05)  # Oslo's requests now come first
+            await asyncio.sleep(0.05)  # the retry: Oslo's requests now come first
+        elif ctx.prompt == "Oslo" and calls["Oslo tool"] and not calls["failed"]:
+            # Paris's last request is recorded before Oslo's fails the attempt (under load it
+            # could still be on its way when the attempt ended, and the retry asked again).
+            for _ in range(1000):
+                if "weather: model request 2" in steps(queue, job):
+                    break
+                await asyncio.sleep(0.01)
         return request_context
 
-    hooks = Hooks(before_model_request=slow_paris_on_the_retry)
+    hooks = Hooks(before_model_request=order_the_requests)
     agent = Agent(streaming(reply), name="weather", capabilities=[hooks])
 
     @agent.tool_plain

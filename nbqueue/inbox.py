@@ -65,18 +65,20 @@ class Inbox:
             self.waiting_tasks |= {job.task}
         if wait.kind != "jobs":
             rows = None if peek is None else peek.rows(self.storage, job.id)
-            named = [
-                r[2:]
-                for r in (self.storage.peek_waits([job.id]) if rows is None else rows)
-                if r[1] == wait.name
-            ]
-            found = [r for r in named if r[0] != "step"]
-            if len(found) < len(named) or (steps is not None and wait.name in steps.written):
+            found: waits.Found | None = None
+            stepped = steps is not None and wait.name in steps.written
+            for row in self.storage.peek_waits([job.id]) if rows is None else rows:
+                if row[1] == wait.name:
+                    if row[2] == "step":
+                        stepped = True
+                    else:
+                        found = row[2:]
+            if stepped:
                 raise InvalidArgument(
                     f"job {job.id} has a step named {wait.name!r}: a wait needs a name of its own"
                 )
-            reached = waits.decide(found[0] if found else None, wait, self.storage.now_us())
-            if reached.outcome == "suspend" or (reached.outcome == "value" and found and found[0][0]):
+            reached = waits.decide(found, wait, self.storage.now_us)
+            if reached.outcome == "suspend" or (reached.outcome == "value" and found and found[0]):
                 return reached
         if peek is not None:  # what it writes now makes its rows as read before out of date
             peek.forget(job.id)

@@ -308,7 +308,7 @@ def _texts(value: Any, name: str) -> list[str]:
 
 def _wait(value: Any, name: str) -> dict[str, Any]:
     """A child's wait (a WaitSpec as a dict), its fields checked by building one."""
-    if not isinstance(value, dict) or set(value) != {f.name for f in dataclasses.fields(WaitSpec)}:
+    if not isinstance(value, dict) or set(value) != set(WaitSpec._fields):
         raise _BadMessage(f"{name} is not a wait: {str(value)[:200]}")
     try:
         WaitSpec(**{**value, "jobs": tuple(value["jobs"])})
@@ -405,7 +405,7 @@ def _child(send: Any, answers: Any, shipped: bytes) -> None:
 
         def reach(wait: WaitSpec) -> Reached:
             with asking:
-                post("wait", wait=dataclasses.asdict(wait))
+                post("wait", wait=wait._asdict())
                 return _reached(json.loads(answers.recv_bytes()))
 
         def send_items(items: list[tuple[int, str]], cut: bool) -> bool:

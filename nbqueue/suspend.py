@@ -23,7 +23,6 @@ retry. Outside a job these are plain: `wait_for` has no one to wait for (it rais
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -68,17 +67,12 @@ def wait_for(
         InvalidArgument: a bad name, timeout or choices, or the name used twice in one run.
         NbqueueError: called outside a job, or in a notebook job's own kernel.
     """
-    wait = WaitSpec(
-        "event",
-        check_name(name),
-        prompt=_prompt(prompt),
-        choices=_choices(choices),
-        timeout_us=None if timeout is None else to_us(_duration(timeout, "timeout")),
-    )
+    timeout_us = None if timeout is None else to_us(_duration(timeout, "timeout"))
+    wait = WaitSpec("event", check_name(name), _prompt(prompt), _choices(choices), timeout_us)
     context = _context("wait_for", name)
     reached = _reach(context, wait)
     if reached.outcome == "value":
-        return json.loads(reached.value or "null")
+        return payload_json.loads(reached.value or "null")
     assert reached.outcome == "expired"
     if default is not _NO_DEFAULT:
         return default
@@ -128,9 +122,9 @@ def wait_for_jobs(jobs: Iterable[Any], when: str = "all_succeeded") -> list[Any]
     prompt = "jobs " + ", ".join(map(str, ids)) + ("" if rule is When.ALL_SUCCEEDED else " (all done)")
     reached = _reach(context, WaitSpec("jobs", name, prompt=prompt, jobs=tuple(ids), when=rule.value))
     results = []
-    for status, value, error in json.loads(reached.value or "[]"):
+    for status, value, error in payload_json.loads(reached.value or "[]"):
         if status == State.COMPLETED.value:
-            results.append(None if value is None else json.loads(value))
+            results.append(None if value is None else payload_json.loads(value))
         elif rule is When.ALL_DONE:
             results.append(Outcome(ok=False, error=error))
         else:

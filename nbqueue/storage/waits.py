@@ -37,30 +37,38 @@ def accepts(choices: str | None, value: str) -> bool:
     return choices is None or json.loads(value) in json.loads(choices)
 
 
-def decide(found: Found | None, wait: WaitSpec, now_us: int) -> Reached:
-    """What reaching `wait` leads to, from its row as read (None: no row), at `now_us`: "value"
-    (its JSON), "expired", "suspend" (until `wake`), or what must be written first: "drop" (a
-    value sent ahead outside its choices) or "expire" (the deadline, `wake`, has passed)."""
+def decide(found: Found | None, wait: WaitSpec, now: Callable[[], int]) -> Reached:
+    """What reaching `wait` leads to, from its row as read (None: no row), at the time `now()`
+    (µs; read only where a deadline or a wake-up time is to be compared): "value" (its JSON),
+    "expired", "suspend" (until `wake`), or what must be written first: "drop" (a value sent
+    ahead outside its choices) or "expire" (the deadline, `wake`, has passed)."""
     kind, _, deadline, value, expired = found if found else (None, None, None, None, None)
     if kind is not None and kind != wait.kind:
         raise InvalidArgument(
             f"the name {wait.name!r} was used for a {kind} before; a {wait.kind} needs a name of its own"
         )
     if wait.kind == "sleep":  # the first run fixes the wake-up time
+        now_us = now()
         if deadline is not None:
             wake = int(deadline)
         else:
             wake = wait.until_us if wait.until_us is not None else now_us + (wait.timeout_us or 0)
-        return Reached("value", "null") if now_us >= wake else Reached("suspend", wake=wake)
+        return Reached("value", "null") if now_us >= wake else Reached("suspend", None, wake)
     if expired is not None:
-        return Reached("expired")
+        return _EXPIRED
     if value is not None:
-        return Reached("value", str(value)) if accepts(wait.choices, value) else Reached("drop")
-    if deadline is None and wait.timeout_us is not None:  # the first run fixes the deadline
-        deadline = now_us + wait.timeout_us
-    if deadline is not None and now_us >= int(deadline):
-        return Reached("expire", wake=int(deadline))
-    return Reached("suspend", wake=NEVER_US if deadline is None else int(deadline))
+        return Reached("value", str(value)) if accepts(wait.choices, value) else _DROP
+    if deadline is None:
+        if wait.timeout_us is None:
+            return _SUSPEND_UNTIL_SENT
+        deadline = now() + wait.timeout_us  # the first run fixes the deadline
+    if now() >= int(deadline):
+        return Reached("expire", None, int(deadline))
+    return Reached("suspend", None, int(deadline))
+
+
+_EXPIRED, _DROP = Reached("expired"), Reached("drop")
+_SUSPEND_UNTIL_SENT = Reached("suspend", None, NEVER_US)
 
 
 def reach(tx: Tx, job_id: int, attempt: int, wait: WaitSpec, now_us: int, stamp: int | None) -> Reached:
@@ -72,10 +80,10 @@ def reach(tx: Tx, job_id: int, attempt: int, wait: WaitSpec, now_us: int, stamp:
     _lock_claim(tx, claim, wait.name)
     key = {"id": job_id, "name": wait.name}
     found = tx(tx.sql.WAIT_OF, key)
-    reached = decide(found[0] if found else None, wait, now_us)
+    reached = decide(found[0] if found else None, wait, lambda: now_us)
     if reached.outcome == "drop":  # sent ahead, outside its choices: dropped, the name free again
         tx(tx.sql.DROP_SENT, key)
-        reached = decide((*found[0][:3], None, None), wait, now_us)
+        reached = decide((*found[0][:3], None, None), wait, lambda: now_us)
     if reached.outcome == "expire":
         _record(tx, [job_id], stamp, wait, reached.wake)
         tx(tx.sql.EXPIRE, {**key, "now": stamp})

@@ -213,12 +213,10 @@ class Statements(Written):
     IN_WORKFLOW: str
     # jobs that wait (storage/waits.py)
     LOCK_CLAIM: str
-    LOCK_JOB: str
-    LOCK_JOBS: str
+    SENDING_TO: str
+    SENDING_TO_MANY: str
     WAIT_OF: str
     PEEK_WAITS: str
-    WAIT_NAMED: str
-    WAITS_NAMED: str
     REACH: str
     DROP_SENT: str
     EXPIRE: str

@@ -94,8 +94,6 @@ def to_one_form(text: str, d: Dialect) -> str:
     text = re.sub(rf"\b{d.greatest}\(", "{greatest}(", text)
     text = re.sub(rf" {d.like} (?=:pattern|%\(pattern)", " {like} ", text)
     text = text.replace(d.tail_error, "{tail_error}")
-    if d.lock_row:  # also as `FOR UPDATE OF j`: the rows of one table of a join
-        text = re.sub(rf"{re.escape(d.lock_row)}( OF \w+)?", "", text)
     for field in (
         "lock_children",
         "lock_parents",

@@ -213,10 +213,12 @@ class Statements(Written):
     IN_WORKFLOW: str
     # jobs that wait (storage/waits.py)
     LOCK_CLAIM: str
-    SENDING_TO: str
-    SENDING_TO_MANY: str
+    LOCK_JOB: str
+    LOCK_JOBS: str
     WAIT_OF: str
     PEEK_WAITS: str
+    WAIT_NAMED: str
+    WAITS_NAMED: str
     REACH: str
     DROP_SENT: str
     EXPIRE: str

@@ -20,20 +20,15 @@ def wait_statements(
     # A batch's rows are found by their ids: the state index would make SQLite collect them
     # first and write them in a second pass (the index it walks is the one the update changes).
     running, waiting = "status = 'running'", "status = 'waiting'"
-    sending_to = (
-        "SELECT j.id, j.status, w.kind, w.choices, w.value, w.expired_at FROM nbqueue_jobs AS j "
-        "LEFT JOIN nbqueue_waits AS w ON w.job_id = j.id AND w.name = :name"
-    )
-    lock_job = f"{lock_row} OF j" if lock_row else ""  # (PostgreSQL locks no row of an outer join's side)
     return {
         # Jobs that wait: the claim (or the job) locked first, so a send and a suspension of the same
         # job run one after the other (storage/waits.py says why that loses no wake-up).
         "LOCK_CLAIM": r(f"SELECT 1 FROM nbqueue_jobs WHERE {LIVE_CLAIM} AND lease_until > {now}{lock_row}"),
-        # A send's look at the jobs it answers, each locked (the job's row, not its wait's), with
-        # the wait it answers if one is recorded: one job (q.send) by its id, many (send_many) by
-        # a list (a list costs SQLite a JSON parse).
-        "SENDING_TO": r(f"{sending_to} WHERE j.id = :id{lock_job}"),
-        "SENDING_TO_MANY": r(f"{sending_to} WHERE j.id IN [:ids::bigint] ORDER BY j.id{lock_job}"),
+        # One job (q.send) by its id, many (send_many) by a list: a list costs SQLite a JSON parse.
+        "LOCK_JOB": r(f"SELECT id, status FROM nbqueue_jobs WHERE id = :id{lock_row}"),
+        "LOCK_JOBS": r(
+            f"SELECT id, status FROM nbqueue_jobs WHERE id IN [:ids::bigint] ORDER BY id{lock_row}"
+        ),
         "WAIT_OF": r(
             "SELECT kind, choices, deadline, value, expired_at FROM nbqueue_waits WHERE job_id = :id AND "
             "name = :name"
@@ -44,6 +39,15 @@ def wait_statements(
             "SELECT job_id, name, kind, choices, deadline, value, expired_at FROM nbqueue_waits "
             "WHERE job_id IN [:ids::bigint] UNION ALL SELECT job_id, name, 'step', NULL, NULL, NULL, NULL "
             "FROM nbqueue_steps WHERE job_id IN [:ids::bigint] AND error IS NULL"
+        ),
+        # A send's look at the wait it answers, for the job or every job sent to.
+        "WAIT_NAMED": r(
+            "SELECT job_id, kind, choices, value, expired_at FROM nbqueue_waits WHERE job_id = :id "
+            "AND name = :name"
+        ),
+        "WAITS_NAMED": r(
+            "SELECT job_id, kind, choices, value, expired_at FROM nbqueue_waits "
+            "WHERE job_id IN [:ids::bigint] AND name = :name"
         ),
         # The deadline is fixed when the wait is first reached; a later run keeps it.
         "REACH": r(

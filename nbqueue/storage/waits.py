@@ -198,20 +198,24 @@ def send(tx: Tx, job_ids: Sequence[int], name: str, value: str, by: str, stamp: 
     sql = tx.sql
     one = len(job_ids) == 1
     jobs = {"id": job_ids[0]} if one else {"ids": list(job_ids)}
-    read, write, wake = (
-        (sql.SENDING_TO, sql.SEND, sql.WAKE_SENT)
+    lock, named, write, wake = (
+        (sql.LOCK_JOB, sql.WAIT_NAMED, sql.SEND, sql.WAKE_SENT)
         if one
-        else (sql.SENDING_TO_MANY, sql.SEND_MANY, sql.WAKE_SENT_MANY)
+        else (sql.LOCK_JOBS, sql.WAITS_NAMED, sql.SEND_MANY, sql.WAKE_SENT_MANY)
     )
-    found = {int(row[0]): row[1:] for row in tx(read, {**jobs, "name": name})}
+    # Locked first, read after, in two statements: on PostgreSQL a read joined to the lock would
+    # see the waits as they were when it began, before a suspension it waited for committed.
+    states = {int(i): State(s) for i, s in tx(lock, jobs)}
+    waits = {int(row[0]): row[1:] for row in tx(named, {**jobs, "name": name})}
     for job_id in job_ids:
-        if job_id not in found:
+        status = states.get(job_id)
+        if status is None:
             raise JobNotFound(f"no job with id {job_id}")
-        status, kind, choices, sent, expired = found[job_id]
-        if status in FINISHED:  # (a state's text is its member: a StrEnum)
+        if status in FINISHED:
             raise InvalidTransition(
-                f"job {job_id} is {status}: a value can be sent only to a job that has not finished"
+                f"job {job_id} is {status.value}: a value can be sent only to a job that has not finished"
             )
+        kind, choices, sent, expired = waits.get(job_id, (None, None, None, None))
         if kind in ("sleep", "jobs"):
             raise InvalidArgument(f"{name!r} of job {job_id} is a {kind}, not a wait for a value")
         if expired is not None:
@@ -224,7 +228,7 @@ def send(tx: Tx, job_ids: Sequence[int], name: str, value: str, by: str, stamp: 
                 f"as {name!r}, not {value}"
             )
     tx(write, {**jobs, "name": name, "value": value, "by": by, "now": stamp})
-    wakeable = [i for i in job_ids if found[i][:2] == (State.WAITING.value, "event")]
+    wakeable = [i for i in job_ids if states[i] is State.WAITING and waits.get(i, ("",))[0] == "event"]
     if not wakeable:
         return [False] * len(job_ids)
     to_wake = {"id": wakeable[0]} if one else {"ids": wakeable}

@@ -58,11 +58,14 @@ def decide(found: Found | None, wait: WaitSpec, now: Callable[[], int]) -> Reach
         return _EXPIRED
     if value is not None:
         return Reached("value", str(value)) if accepts(wait.choices, value) else _DROP
-    if deadline is None:
-        if wait.timeout_us is None:
-            return _SUSPEND_UNTIL_SENT
-        deadline = now() + wait.timeout_us  # the first run fixes the deadline
-    if now() >= int(deadline):
+    if deadline is not None:
+        now_us = now()
+    elif wait.timeout_us is None:
+        return _SUSPEND_UNTIL_SENT
+    else:  # the first run fixes the deadline (the clock read once: it is compared with that moment)
+        now_us = now()
+        deadline = now_us + wait.timeout_us
+    if now_us >= int(deadline):
         return Reached("expire", None, int(deadline))
     return Reached("suspend", None, int(deadline))
 

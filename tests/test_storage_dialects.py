@@ -17,7 +17,8 @@ import pytest
 
 from nbqueue.storage import postgres_queries, sqlite_queries
 from nbqueue.storage.checkpoint_statements import CheckpointStatements
-from nbqueue.storage.statements import Dialect, Statements, Written
+from nbqueue.storage.dialect import Dialect
+from nbqueue.storage.statements import Statements, Written
 
 STORAGE = Path(__file__).resolve().parent.parent / "nbqueue" / "storage"
 LITE, PG = sqlite_queries.SQL, postgres_queries.SQL

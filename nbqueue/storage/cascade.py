@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..dependencies import Change, When, after_parents, initial
+from ..dependencies import Change, When, after_parent, after_parents, initial
 from ..errors import FamilyTooLarge, InvalidTransition, JobNotFound
 from ..jobs import State
 from . import NewJob
@@ -33,16 +33,22 @@ def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
     count at once (dependencies.after_parents); those of the parents that did not, edge by edge,
     since each passes on its own root cause. A level is a batch of completions or of failures;
     were one both, a child would count its completed parents first."""
-    level = list(finished)
-    roots: dict[int, State] = {job_id: state for job_id, state, _ in finished}
+    level: Sequence[Finished] = finished
+    roots: dict[int, State] = {}  # the finished jobs' states, read only when a child is doomed
     while level:
-        completed = sorted([job_id for job_id, state, _ in level if state is State.COMPLETED])
-        failed = {job_id: (state, root) for job_id, state, root in level if state is not State.COMPLETED}
+        completed: list[int] = []
+        failed: dict[int, tuple[State, int | None]] = {}
+        for job_id, state, root in level:  # (a worker's batch of completions: one pass)
+            if state is State.COMPLETED:
+                completed.append(job_id)
+            else:
+                failed[job_id] = (state, root)
+        if len(completed) == 1 and not failed:  # a fan-out's root, a link of a chain
+            one_completed(tx, completed[0], now)
+            return
+        completed.sort()
         # (child, rule, count left, parent, parents): parent 0 stands for `parents` that completed
-        if len(completed) == 1:
-            rows = tx(tx.sql.CHILDREN_OF_ONE, {"id": completed[0]})
-        else:
-            rows = tx(tx.sql.CHILDREN_COUNTED, {"ids": completed}) if completed else []
+        rows = tx(tx.sql.CHILDREN_COUNTED, {"ids": completed}) if completed else []
         if failed:
             rows += tx(tx.sql.CHILDREN_BLOCKED, {"ids": sorted(failed)})
         known: dict[tuple[str | None, int, int, int], Change] = {}  # children alike are decided once
@@ -70,6 +76,7 @@ def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
             if change.state is pending:
                 released.setdefault(change.left, []).append(child)
             else:
+                roots = roots or {job_id: state for job_id, state, _ in finished}
                 apply(tx, child, change, roots.get(change.root or 0, State.DEAD), now, next_level)
         for left, children in released.items():  # one statement per count, not one per child
             tx(tx.sql.UNBLOCK_MANY, {"ids": children, "left": left, "now": now})
@@ -79,6 +86,28 @@ def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
             if left >= 0:
                 tx(tx.sql.SET_LEFT, {"id": child, "left": left})
         level = next_level
+
+
+def one_completed(tx: Tx, parent: int, now: int | None) -> None:
+    """The children of one parent that completed, group by group: those alike (rule, count left)
+    are decided once and moved by one statement that finds them by their parent (a fan-out's
+    thousands of leaves are never read a row each). A completed parent only ever lets a child go
+    or counts it down (dependencies.after_parent), so no group is doomed and the cascade ends
+    here. Groups come fewest left first: one counted down to a count already seen is not moved
+    twice."""
+    released = False
+    for rule, stored, _ in tx(tx.sql.CHILD_GROUPS, {"id": parent}):
+        change = after_parent(When(rule or When.ALL_SUCCEEDED), int(stored), State.COMPLETED, None, parent)
+        group = {"parent": parent, "rule": rule, "stored": stored, "left": change.left}
+        if change.state is State.PENDING:
+            tx(tx.sql.UNBLOCK_GROUP, {**group, "now": now})
+            released = True
+        elif change.state is State.BLOCKED:
+            tx(tx.sql.SET_LEFT_GROUP, group)
+        else:  # a rule that dooms on a completed parent would need the row path of resolve
+            raise InvalidTransition(f"job {parent} completed, yet its children would be {change.state}")
+    if released:  # the workers are woken once
+        tx(tx.sql.WAKE, {})
 
 
 def apply(

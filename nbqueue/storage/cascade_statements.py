@@ -19,6 +19,16 @@ def cascade_statements(d: Dialect) -> dict[str, str]:
         "c.status = 'upstream_failed'",
     )
     counting = "status IN ('blocked', 'waiting')"  # what a cascade moves (its rows chosen above)
+    still_blocked = "(status = 'blocked' OR (status = 'waiting' AND parents_left > 0))"  # `blocked`, in place
+    release = (  # (a job that waited for jobs, re-armed or not, was due at NEVER_US: due now)
+        "status = 'pending', parents_left = :left, run_at = CASE WHEN status = 'waiting' OR run_at >= "
+        f"{NEVER_US} THEN {now} ELSE {d.greatest}(run_at, {now}) END, updated_at = {now}"
+    )
+    group = (  # one parent's children alike, as CHILD_GROUPS counted them
+        "id IN (SELECT child FROM nbqueue_edges WHERE parent = :parent) AND "
+        f"{d.unindexed.format(still_blocked)} AND wait_when {d.same} :rule::text AND "
+        "parents_left = :stored"
+    )
     return {
         # A cascade walks the edges from the parents, then each child by its id, never from every
         # blocked job in the state index (each level of a chain). The children are locked (in id
@@ -39,11 +49,16 @@ def cascade_statements(d: Dialect) -> dict[str, str]:
             f"i.value GROUP BY e.child) g {d.ordered_join} nbqueue_jobs c ON c.id = g.child WHERE "
             f"{d.unindexed.format(blocked)} ORDER BY c.id{d.lock_children}"
         ),
-        # The same for one parent (a fan-out's root): its edges come in child order, none to count.
-        "CHILDREN_OF_ONE": r(
-            f"SELECT c.id, c.wait_when, c.parents_left, 0, 1 FROM {children} WHERE e.parent = :id "
-            f"AND {d.unindexed.format(blocked)} ORDER BY e.child{d.lock_children}"
+        # One parent that completed (a fan-out's root, a link of a chain): its children in groups
+        # alike (rule, count left), locked first as above, fewest left first; each group is then
+        # moved by one statement that finds its children by their parent: no id read or sent back.
+        "CHILD_GROUPS": r(
+            "SELECT wait_when, parents_left, count(*) FROM (SELECT c.wait_when, c.parents_left FROM "
+            f"{children} WHERE e.parent = :id AND {d.unindexed.format(blocked)} ORDER BY c.id"
+            f"{d.lock_children}) k GROUP BY wait_when, parents_left ORDER BY parents_left"
         ),
+        "UNBLOCK_GROUP": r(f"UPDATE nbqueue_jobs SET {release} WHERE {group}"),
+        "SET_LEFT_GROUP": r(f"UPDATE nbqueue_jobs SET parents_left = :left WHERE {group}"),
         # Children that wait for their parents, or were let go by them and have not started: a parent
         # that comes back (requeue, replay) makes them count afresh.
         "CHILDREN_WAITING": r(
@@ -51,17 +66,10 @@ def cascade_statements(d: Dialect) -> dict[str, str]:
             f"AND {d.unindexed.format(waiting)} ORDER BY c.id{d.lock_children}"
         ),
         "SET_LEFT": r(f"UPDATE nbqueue_jobs SET parents_left = :left WHERE id = :id AND {counting}"),
-        "UNBLOCK": r(
-            # (a job that waited for jobs, re-armed or not, was due at NEVER_US: due now)
-            "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = CASE WHEN "
-            f"status = 'waiting' OR run_at >= {NEVER_US} THEN {now} ELSE {d.greatest}(run_at, {now}) END, "
-            f"updated_at = {now} WHERE id = :id AND {counting} RETURNING 1{d.wake}"
-        ),
-        # The children a level releases with the same count left, at once (a fan-out's thousands).
+        "UNBLOCK": r(f"UPDATE nbqueue_jobs SET {release} WHERE id = :id AND {counting} RETURNING 1{d.wake}"),
+        # The children a level releases with the same count left, at once (a batch's joins).
         "UNBLOCK_MANY": r(
-            "UPDATE nbqueue_jobs SET status = 'pending', parents_left = :left, run_at = CASE WHEN "
-            f"status = 'waiting' OR run_at >= {NEVER_US} THEN {now} ELSE {d.greatest}(run_at, {now}) END, "
-            f"updated_at = {now} WHERE id IN [:ids::bigint] AND {d.unindexed.format(counting)}"
+            f"UPDATE nbqueue_jobs SET {release} WHERE id IN [:ids::bigint] AND {d.unindexed.format(counting)}"
         ),
         "DOOM": r(
             "UPDATE nbqueue_jobs SET status = 'upstream_failed', parents_left = :left, root_cause = :root, "

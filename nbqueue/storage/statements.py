@@ -160,7 +160,9 @@ class Statements(Written):
     INSERT_EDGE: str
     CHILDREN_BLOCKED: str
     CHILDREN_COUNTED: str
-    CHILDREN_OF_ONE: str
+    CHILD_GROUPS: str
+    UNBLOCK_GROUP: str
+    SET_LEFT_GROUP: str
     CHILDREN_WAITING: str
     SET_LEFT: str
     UNBLOCK: str

@@ -663,7 +663,7 @@ def test_steps_in_process_mode_survive_a_retry(queue: Queue, tmp_path: Path) -> 
 CASCADE_STATEMENTS = (
     "CHILDREN_BLOCKED",
     "CHILDREN_COUNTED",
-    "CHILDREN_OF_ONE",
+    "CHILD_GROUPS",
     "CHILDREN_WAITING",
     "DOOMED_BY",
 )

@@ -5,7 +5,7 @@ around the functions that make it differ from a plain drain (time inside them, p
 costs ~1 µs a call). Medians of interleaved rounds, on the code as it is:
 
 - the fan-out + fan-in: the cascade (`storage.cascade.resolve`), the root's release of its N
-  leaves (one `UNBLOCK_MANY`) apart from the join's count-down, once per batch of leaves;
+  leaves (one `UNBLOCK_GROUP`) apart from the join's count-down, once per batch of leaves;
 - the wait cycle (`wait_for` + `send_many` + resume): each phase next to a plain drain, and inside
   them the wait's read (with the batch's claim, `sqlite._peeked`, once the task is known to wait;
   `peek_waits` before that), its reach (`Inbox.reach`), the suspensions written with each batch
@@ -76,7 +76,7 @@ def fan_out(folder: Path) -> dict[str, float]:
     run = statements.Tx.__call__
 
     def call(tx: statements.Tx, statement: str, params: statements.Params) -> list[statements.Row]:
-        if statement != tx.sql.UNBLOCK_MANY:
+        if statement != tx.sql.UNBLOCK_GROUP:
             return run(tx, statement, params)
         began = time.perf_counter()
         try:
@@ -99,7 +99,7 @@ def fan_out(folder: Path) -> dict[str, float]:
     return {
         "fan-out drain": spent["fan-out drain"],
         "  cascade (storage.cascade.resolve)": cascaded,
-        "    the root's leaves released (UNBLOCK_MANY)": sum(released),
+        "    the root's leaves released (UNBLOCK_GROUP)": sum(released),
         "    the join counted down, once per batch": cascaded - sum(released),
     }
 

@@ -89,6 +89,48 @@ def test_a_diamond_runs_its_join_once_after_both_sides(queue: Queue) -> None:
     assert status(queue, top, left, right, join) == ["completed"] * 4
 
 
+def test_a_parent_settles_its_children_group_by_group_each_once(queue: Queue) -> None:
+    """One parent that completes settles its children in groups alike (rule, count left), each
+    group by one statement: a child counted down from 2 to 1 is not then let go with the group
+    that had 1 left (the groups go fewest left first)."""
+    done = queue.enqueue({"n": "done"})
+    queue.complete(queue.claim(), 0)  # type: ignore[arg-type]
+    parent = queue.enqueue({"n": "parent"}, priority=10)
+    other = queue.enqueue({"n": "other"})
+    third = queue.enqueue({"n": "third"})
+    children = {
+        "alone": queue.enqueue({"c": 1}, after=[parent]),
+        "with other": queue.enqueue({"c": 2}, after=[parent, other]),
+        "other done": queue.enqueue({"c": 3}, after=[parent, done]),  # 1 left, like "alone"
+        "any": queue.enqueue({"c": 4}, after=[parent, other], when="any_succeeded"),
+        "all done": queue.enqueue({"c": 5}, after=[parent, other], when="all_done"),
+        "three": queue.enqueue({"c": 6}, after=[parent, other, third]),
+    }
+
+    def settled() -> dict[str, tuple[str, int]]:
+        jobs = {name: queue.get(job.id) for name, job in children.items()}
+        return {name: (job.status.value, job.parents_left) for name, job in jobs.items()}
+
+    assert run_one(queue).id == parent.id
+    assert settled() == {
+        "alone": ("pending", 0),
+        "with other": ("blocked", 1),
+        "other done": ("pending", 0),
+        "any": ("pending", 1),
+        "all done": ("blocked", 1),
+        "three": ("blocked", 2),
+    }
+    assert run_one(queue).id == other.id
+    assert settled() == {
+        "alone": ("pending", 0),
+        "with other": ("pending", 0),
+        "other done": ("pending", 0),
+        "any": ("pending", 1),
+        "all done": ("pending", 0),
+        "three": ("blocked", 1),
+    }
+
+
 def test_a_parent_finished_before_the_child_counts_at_once(queue: Queue) -> None:
     queue.enqueue({"n": 1})
     done = run_one(queue)

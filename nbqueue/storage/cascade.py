@@ -28,11 +28,12 @@ def doomed_error(root: int, state: State) -> str:
 def resolve(tx: Tx, finished: Sequence[Finished], now: int | None) -> None:
     """Children of jobs that just finished: counted down, released, or doomed, level by level.
 
-    The children of the parents that completed are read a row each, with how many of those are
-    its parents (a fan-in's join is one row per batch, not one per parent), and folded over that
-    count at once (dependencies.after_parents); those of the parents that did not, edge by edge,
-    since each passes on its own root cause. A level is a batch of completions or of failures;
-    were one both, a child would count its completed parents first."""
+    The children of one parent that completed are settled by groups alike (one_completed). Those
+    of several are read a row each, with how many of those are its parents (a fan-in's join is
+    one row per batch, not one per parent), and folded over that count at once
+    (dependencies.after_parents); those of the parents that did not, edge by edge, since each
+    passes on its own root cause. A level is a batch of completions or of failures; were one
+    both, a child would count its completed parents first."""
     level: Sequence[Finished] = finished
     roots: dict[int, State] = {}  # the finished jobs' states, read only when a child is doomed
     while level:
@@ -96,7 +97,7 @@ def one_completed(tx: Tx, parent: int, now: int | None) -> None:
     here. Groups come fewest left first: one counted down to a count already seen is not moved
     twice."""
     released = False
-    for rule, stored, _ in tx(tx.sql.CHILD_GROUPS, {"id": parent}):
+    for rule, stored in tx(tx.sql.CHILD_GROUPS, {"id": parent}):
         change = after_parent(When(rule or When.ALL_SUCCEEDED), int(stored), State.COMPLETED, None, parent)
         group = {"parent": parent, "rule": rule, "stored": stored, "left": change.left}
         if change.state is State.PENDING:

@@ -53,7 +53,7 @@ def cascade_statements(d: Dialect) -> dict[str, str]:
         # alike (rule, count left), locked first as above, fewest left first; each group is then
         # moved by one statement that finds its children by their parent: no id read or sent back.
         "CHILD_GROUPS": r(
-            "SELECT wait_when, parents_left, count(*) FROM (SELECT c.wait_when, c.parents_left FROM "
+            "SELECT wait_when, parents_left FROM (SELECT c.wait_when, c.parents_left FROM "
             f"{children} WHERE e.parent = :id AND {d.unindexed.format(blocked)} ORDER BY c.id"
             f"{d.lock_children}) k GROUP BY wait_when, parents_left ORDER BY parents_left"
         ),

@@ -698,6 +698,7 @@ def scale(folder: Path, sizes: list[int], runs: int) -> dict[int, dict[str, floa
             "board_refresh_s": statistics.median(board_refresh(q) for _ in range(runs)),
         }
         q.close()
+        remove(q)
         print(
             f"  {size:>9,} jobs: {out[size]['claims_per_s']:,.0f} claims/s, history(100) "
             f"{out[size]['history_s'] * 1e3:.2f} ms, "
@@ -808,7 +809,15 @@ def memory(folder: Path, n: int) -> list[tuple[int, float]]:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     q.close()
+    remove(q)
     return [(int(a), float(b)) for a, b in json.loads(done.stdout)]
+
+
+def remove(q: nbqueue.Queue) -> None:
+    """A closed queue's file, gone: a million jobs' pages left in the page cache were written back
+    while later rows ran, and took their share of the machine."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{q.target}{suffix}").unlink(missing_ok=True)
 
 
 # -- PostgreSQL: enqueue, and drain with 1, 2 and 4 worker processes --------------------------
@@ -1268,6 +1277,7 @@ def agents_section(
     best of `tries`), then the median of each shape's ratios (its shape/s over its baseline/s
     within a round)."""
     server = PG_SERVER if peers.server_reachable(PG_SERVER) else None
+    os.sync()  # what earlier rows wrote goes to disk now, not while these are measured
     before = os.getloadavg()
     load = " ".join(f"{x:.2f}" for x in before)
     print(

@@ -15,7 +15,7 @@ puts/s, get_tuple/s and bytes stored as QueueSaver/SqliteSaver; `--only langgrap
 Agent-shaped work (issue 33; `--only agents`): jobs holding a limit key (concurrency 1000, a rate far
 above the drain), a fan-out/fan-in, wait_for + send + resume (send_many; one q.send each for context),
 each over a plain drain by the same worker in the same round; a workflow block and task.map over a
-loop of single enqueues; each side the best of 3 runs back to back; SQLite (--n jobs), then
+loop of single enqueues; each side the best of 5 runs back to back; SQLite (--n jobs), then
 PostgreSQL (--pg-n jobs) beside, each in rounds that interleave the shapes.
 `--json FILE` keeps every sample.
 """
@@ -1195,7 +1195,7 @@ def langgraph_section(folder: Path, runs: int, quick: bool, report: dict[str, An
 # PostgreSQL runs each shape on fewer jobs: a claim, a send or an enqueue there is a round trip.
 PG_AGENTS_N = 1_000
 # Each side of a shape is measured this many times back to back in a round, and its best kept.
-AGENT_TRIES = 3
+AGENT_TRIES = 5
 # (name, goal, what it is set against, the measurement on a backend: server None is SQLite;
 # it returns (the shape's jobs/s, the baseline's jobs/s), both measured in the call).
 Shape = tuple[str, float, str, Callable[[str | None], tuple[float, float]]]

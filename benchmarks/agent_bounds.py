@@ -2,7 +2,8 @@
 
 Each shape is drained by one worker thread, as in `bench.py --only agents`, with timers put
 around the functions that make it differ from a plain drain (time inside them, per job; a timer
-costs ~1 µs a call). Medians of interleaved rounds, on the code as it is:
+costs ~1 µs a call). The fastest of interleaved rounds, each part on its own (as the bench takes
+each side's best run: a neighbour's burst slows a run, never speeds one), on the code as it is:
 
 - the fan-out + fan-in: the cascade (`storage.cascade.resolve`), the root's release of its N
   leaves (one `UNBLOCK_GROUP`) apart from the join's count-down, once per batch of leaves;
@@ -14,7 +15,7 @@ costs ~1 µs a call). Medians of interleaved rounds, on the code as it is:
 
 from __future__ import annotations
 
-import statistics
+import gc
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from nbqueue.storage import cascade, sql, statements, waits
 from nbqueue.storage import sqlite as sqlite_storage
 
 N = 3_000
-ROUNDS = 5
+ROUNDS = 7
 SEND_CHUNK = 500
 
 
@@ -59,6 +60,7 @@ def timed(spent: Counter[str], targets: dict[str, tuple[Any, str]]) -> Iterator[
 
 def drain_seconds(q: Any) -> float:
     with q.worker(concurrency=1, lease=60) as worker:
+        gc.collect()
         began = time.perf_counter()
         worker.run_until_idle()
         return time.perf_counter() - began
@@ -116,6 +118,7 @@ def wait_cycle(folder: Path) -> dict[str, float]:
         q.task(name=bench.WAITS)(bench.waits)
         ids = bench.fill(q, N, bench.WAITS)
         with q.worker(concurrency=1, lease=60) as worker:
+            gc.collect()
             began = time.perf_counter()
             worker.run_until_idle()
             suspended = time.perf_counter()
@@ -135,17 +138,17 @@ def wait_cycle(folder: Path) -> dict[str, float]:
 
 
 def agent_bounds(folder: Path, rounds: int = ROUNDS) -> dict[str, float]:
-    """Microseconds per job in each part, medians of `rounds` interleaved rounds."""
+    """Microseconds per job in each part, the fastest of `rounds` interleaved rounds."""
     samples: dict[str, list[float]] = {}
     for _ in range(rounds):
         for measure in (plain, fan_out, wait_cycle):
             for label, seconds in measure(folder).items():
                 samples.setdefault(label, []).append(seconds / N * 1e6)
-    return {label: statistics.median(values) for label, values in samples.items()}
+    return {label: min(values) for label, values in samples.items()}
 
 
 def report(folder: Path) -> None:
-    print(f"\nagent shapes that stay short, SQLite, {N:,} jobs, us per job (medians of {ROUNDS} rounds):")
+    print(f"\nagent shapes that stay short, SQLite, {N:,} jobs, us per job (the fastest of {ROUNDS} rounds):")
     figures = agent_bounds(folder)
     base = figures["plain drain"]
     for label, us in figures.items():

@@ -8,25 +8,30 @@ from .dialect import Dialect
 from .rules import NEVER_US
 
 
+def waits_for_parents(table: str) -> str:
+    """A job that its parents still hold (a job waiting for jobs, wait_for_jobs, counts them down
+    too), its columns named with `table` ("c." in a join, "" in an update of the row itself)."""
+    return f"({table}status = 'blocked' OR ({table}status = 'waiting' AND {table}parents_left > 0))"
+
+
 def cascade_statements(d: Dialect) -> dict[str, str]:
     """Reading a level's children, counting them down, releasing, dooming and re-arming them, in
     dialect `d`."""
     r, now = d.render, d.now
     children = f"nbqueue_edges e {d.ordered_join} nbqueue_jobs c ON c.id = e.child"
-    blocked, waiting, doomed = (  # a job waiting for jobs (wait_for_jobs) counts them down too
-        "(c.status = 'blocked' OR (c.status = 'waiting' AND c.parents_left > 0))",
+    blocked, waiting, doomed = (
+        waits_for_parents("c."),
         "c.status IN ('blocked', 'pending')",
         "c.status = 'upstream_failed'",
     )
     counting = "status IN ('blocked', 'waiting')"  # what a cascade moves (its rows chosen above)
-    still_blocked = "(status = 'blocked' OR (status = 'waiting' AND parents_left > 0))"  # `blocked`, in place
     release = (  # (a job that waited for jobs, re-armed or not, was due at NEVER_US: due now)
         "status = 'pending', parents_left = :left, run_at = CASE WHEN status = 'waiting' OR run_at >= "
         f"{NEVER_US} THEN {now} ELSE {d.greatest}(run_at, {now}) END, updated_at = {now}"
     )
     group = (  # one parent's children alike, as CHILD_GROUPS counted them
         "id IN (SELECT child FROM nbqueue_edges WHERE parent = :parent) AND "
-        f"{d.unindexed.format(still_blocked)} AND wait_when {d.same} :rule::text AND "
+        f"{d.unindexed.format(waits_for_parents(''))} AND wait_when {d.same} :rule::text AND "
         "parents_left = :stored"
     )
     return {
